@@ -1,0 +1,87 @@
+//! The sluice gateway: the HTTP + WebSocket server and the JSON-RPC request pipeline.
+//!
+//! Read the request path top to bottom:
+//! 1. [`server`] accepts connections (bounded), applies client timeouts and drains on shutdown;
+//! 2. [`http`] reads a bounded body, or upgrades to a WebSocket session in [`ws`];
+//! 3. [`pipeline`] parses the body, asks [`route`] what to do with each call, makes the upstream
+//!    calls (a batch's pass-through calls as one upstream batch) and assembles the answer.
+//!
+//! Decisions live in pure code ([`route`], `sluice-jsonrpc`); sockets live here at the edge.
+
+pub mod http;
+pub mod pipeline;
+pub mod route;
+pub mod server;
+pub mod telemetry;
+pub mod ws;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_upstream::Upstreams;
+
+pub use pipeline::{Pipeline, Reply, ServedBy};
+pub use server::serve;
+
+/// Limits that keep memory and time bounded whatever clients send.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request body (HTTP) or message (WebSocket), in bytes.
+    pub max_body_bytes: usize,
+    /// Most calls in one batch.
+    pub max_batch_len: usize,
+    /// Time a client has to send its request headers and body; idle keep-alive connections are
+    /// closed after it too.
+    pub client_timeout: Duration,
+    /// Most client connections open at once; further clients wait in the accept queue.
+    pub max_connections: usize,
+    /// Most subscriptions one WebSocket client may hold.
+    pub max_subscriptions_per_socket: usize,
+    /// Time given to in-flight requests on shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 5 * 1024 * 1024,
+            max_batch_len: 1000,
+            client_timeout: Duration::from_secs(30),
+            max_connections: 10_000,
+            max_subscriptions_per_socket: 256,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything a request handler needs, shared by all connections.
+pub struct Gateway {
+    /// The request pipeline.
+    pub pipeline: Pipeline,
+    /// Where `eth_subscribe` goes: the upstream's `ws://` URL, if it has one.
+    pub subscription_url: Option<String>,
+    /// Deadline for upstream WebSocket connects and calls.
+    pub upstream_timeout: Duration,
+    /// Client limits.
+    pub limits: Limits,
+    /// Renders `/metrics`.
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+impl Gateway {
+    /// Builds the shared state from its parts.
+    pub fn new(
+        upstreams: Arc<dyn Upstreams>,
+        subscription_url: Option<String>,
+        upstream_timeout: Duration,
+        limits: Limits,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            pipeline: Pipeline::new(upstreams, limits.max_batch_len),
+            subscription_url,
+            upstream_timeout,
+            limits,
+            metrics: telemetry::prometheus(),
+        })
+    }
+}

@@ -1,0 +1,186 @@
+//! The request pipeline: parse, route each call, call upstream, assemble the answer.
+
+use std::sync::Arc;
+
+use sluice_jsonrpc::{
+    codes, parse_body, write_responses, ErrorObject, Id, Incoming, Invalid, Outcome, Request,
+    Response,
+};
+use sluice_upstream::{UpstreamError, Upstreams};
+
+use crate::route::{route, Route};
+use crate::telemetry;
+
+/// What answered a request, reported in the `x-sluice-served-by` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServedBy {
+    /// sluice answered alone (errors, local methods).
+    Local,
+    /// Every answer came from an upstream node.
+    Upstream,
+    /// A batch answered partly locally, partly upstream.
+    Mixed,
+}
+
+impl ServedBy {
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServedBy::Local => "local",
+            ServedBy::Upstream => "upstream",
+            ServedBy::Mixed => "mixed",
+        }
+    }
+
+    fn join(self, other: ServedBy) -> ServedBy {
+        if self == other {
+            self
+        } else {
+            ServedBy::Mixed
+        }
+    }
+}
+
+/// The answer to one body.
+#[derive(Debug)]
+pub struct Reply {
+    /// The JSON to send back; `None` when every call was a notification.
+    pub body: Option<Vec<u8>>,
+    /// What produced it.
+    pub served_by: ServedBy,
+}
+
+/// Parses bodies and answers their calls through an [`Upstreams`].
+pub struct Pipeline {
+    upstreams: Arc<dyn Upstreams>,
+    max_batch_len: usize,
+}
+
+impl Pipeline {
+    /// A pipeline over `upstreams` that refuses batches longer than `max_batch_len`.
+    pub fn new(upstreams: Arc<dyn Upstreams>, max_batch_len: usize) -> Self {
+        Self {
+            upstreams,
+            max_batch_len,
+        }
+    }
+
+    /// The upstreams calls go to (for readiness checks).
+    pub fn upstreams(&self) -> &Arc<dyn Upstreams> {
+        &self.upstreams
+    }
+
+    /// Answers one request body (HTTP body or WebSocket message).
+    pub async fn handle(&self, body: &[u8]) -> Reply {
+        match parse_body(body, self.max_batch_len) {
+            Err(e) => {
+                telemetry::count_call(
+                    "",
+                    if e.code == codes::PARSE_ERROR {
+                        "parse_error"
+                    } else {
+                        "invalid"
+                    },
+                );
+                Reply::local_error(e)
+            }
+            Ok(Incoming::Single(item)) => self.answer(vec![item], false).await,
+            Ok(Incoming::Batch(items)) => self.answer(items, true).await,
+        }
+    }
+
+    /// Answers parsed calls and serializes the answer (an array when `batch`).
+    pub async fn answer(&self, items: Vec<Result<Request, Invalid>>, batch: bool) -> Reply {
+        let (responses, served_by) = self.respond(items).await;
+        let body = (!responses.is_empty()).then(|| write_responses(batch, &responses));
+        Reply { body, served_by }
+    }
+
+    /// Answers parsed calls, in order; notifications are executed but not answered.
+    pub async fn answer_responses(&self, items: Vec<Result<Request, Invalid>>) -> Vec<Response> {
+        self.respond(items).await.0
+    }
+
+    async fn respond(&self, items: Vec<Result<Request, Invalid>>) -> (Vec<Response>, ServedBy) {
+        let mut slots: Vec<Option<Outcome>> = vec![None; items.len()];
+        let mut forward: Vec<usize> = Vec::new();
+        let mut served_by: Option<ServedBy> = None;
+        for (i, item) in items.iter().enumerate() {
+            match item {
+                Err((_, e)) => {
+                    telemetry::count_call("", "invalid");
+                    slots[i] = Some(Outcome::error(e));
+                }
+                Ok(req) => match route(&req.method) {
+                    Route::SocketOnly => {
+                        telemetry::count_call(&req.method, "invalid");
+                        let e = ErrorObject::new(
+                            codes::METHOD_NOT_FOUND,
+                            format!("{} is only available on a WebSocket connection", req.method),
+                        );
+                        slots[i] = Some(Outcome::error(&e));
+                    }
+                    Route::PassThrough => forward.push(i),
+                },
+            }
+        }
+        if forward.len() < items.len() {
+            served_by = Some(ServedBy::Local);
+        }
+        if !forward.is_empty() {
+            served_by = Some(served_by.map_or(ServedBy::Upstream, |s| s.join(ServedBy::Upstream)));
+            let calls: Vec<&Request> = forward
+                .iter()
+                .filter_map(|&i| items[i].as_ref().ok())
+                .collect();
+            let results = if calls.len() == 1 {
+                vec![self.upstreams.call(calls[0]).await]
+            } else {
+                self.upstreams.call_batch(&calls).await
+            };
+            for ((&i, req), result) in forward.iter().zip(&calls).zip(results) {
+                telemetry::count_call(&req.method, outcome_label(&result));
+                slots[i] = Some(
+                    result.unwrap_or_else(|e: UpstreamError| Outcome::error(&e.to_error_object())),
+                );
+            }
+        }
+        let responses: Vec<Response> = items
+            .into_iter()
+            .zip(slots)
+            .filter_map(|(item, outcome)| {
+                let id = match item {
+                    Ok(req) => req.id?,
+                    Err((id, _)) => id,
+                };
+                Some(Response {
+                    id,
+                    outcome: outcome?,
+                })
+            })
+            .collect();
+        (responses, served_by.unwrap_or(ServedBy::Local))
+    }
+}
+
+impl Reply {
+    /// A single error answer with a `null` id, for bodies that could not be read at all.
+    pub fn local_error(e: ErrorObject) -> Self {
+        let response = Response {
+            id: Id::null(),
+            outcome: e.into(),
+        };
+        Reply {
+            body: Some(write_responses(false, &[response])),
+            served_by: ServedBy::Local,
+        }
+    }
+}
+
+fn outcome_label(result: &Result<Outcome, UpstreamError>) -> &'static str {
+    match result {
+        Ok(Outcome::Result(_)) => "ok",
+        Ok(Outcome::Error(_)) => "rpc_error",
+        Err(e) => e.kind(),
+    }
+}

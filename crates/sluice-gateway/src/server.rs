@@ -1,0 +1,84 @@
+//! The accept loop: bounded connections, client timeouts, graceful drain.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use crate::{http, Gateway};
+
+/// Serves `gateway` on `listener` until `shutdown` resolves, then stops accepting, closes
+/// WebSocket sessions and gives in-flight requests `limits.shutdown_grace` to finish.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let limits = gateway.limits.clone();
+    let (stop, stopping) = watch::channel(false);
+    let app = http::router(gateway, stopping.clone());
+    let mut builder = http1::Builder::new();
+    // Slow or silent clients: headers must arrive within the client timeout.
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.client_timeout)
+        .keep_alive(true);
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Usually out of file descriptors: wait rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        let mut stopping = stopping.clone();
+        tokio::spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                _ = stopping.changed() => {
+                    // Finish the request in flight, then close instead of keeping alive.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = stop.send(true);
+    // Every open connection holds a permit: having them all back means everything drained.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(limits.shutdown_grace, connections.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown grace period over; dropping remaining connections");
+    }
+}

@@ -1,0 +1,153 @@
+//! Prometheus metrics for the gateway.
+//!
+//! Metric names:
+//! * `sluice_requests_total{method, outcome}`: calls by method and outcome (`ok`, `rpc_error`,
+//!   `invalid`, `parse_error`, or an upstream failure kind such as `timeout`).
+//! * `sluice_request_duration_seconds{transport}`: time to answer an HTTP body or WS message.
+//! * `sluice_requests_in_flight{transport}`: bodies being answered now.
+//! * `sluice_upstream_calls_total{upstream, outcome}` and `sluice_upstream_call_duration_seconds`
+//!   come from `sluice-upstream`.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+
+/// Installs the process-wide Prometheus recorder once and returns its handle.
+pub fn prometheus() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = || {
+                PrometheusBuilder::new()
+                    .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                    .expect("buckets are not empty")
+            };
+            // Another recorder may already be installed (an embedding program): then keep an
+            // uninstalled one so /metrics still answers, empty.
+            builder()
+                .install_recorder()
+                .unwrap_or_else(|_| builder().build_recorder().handle())
+        })
+        .clone()
+}
+
+/// Methods reported under their own name; anything else is `other`, so hostile clients cannot
+/// grow the label set without bound.
+const KNOWN_METHODS: &[&str] = &[
+    "eth_accounts",
+    "eth_blobBaseFee",
+    "eth_blockNumber",
+    "eth_call",
+    "eth_chainId",
+    "eth_createAccessList",
+    "eth_estimateGas",
+    "eth_feeHistory",
+    "eth_gasPrice",
+    "eth_getBalance",
+    "eth_getBlockByHash",
+    "eth_getBlockByNumber",
+    "eth_getBlockReceipts",
+    "eth_getBlockTransactionCountByHash",
+    "eth_getBlockTransactionCountByNumber",
+    "eth_getCode",
+    "eth_getFilterChanges",
+    "eth_getFilterLogs",
+    "eth_getLogs",
+    "eth_getProof",
+    "eth_getStorageAt",
+    "eth_getTransactionByBlockHashAndIndex",
+    "eth_getTransactionByBlockNumberAndIndex",
+    "eth_getTransactionByHash",
+    "eth_getTransactionCount",
+    "eth_getTransactionReceipt",
+    "eth_getUncleCountByBlockHash",
+    "eth_getUncleCountByBlockNumber",
+    "eth_maxPriorityFeePerGas",
+    "eth_newBlockFilter",
+    "eth_newFilter",
+    "eth_newPendingTransactionFilter",
+    "eth_sendRawTransaction",
+    "eth_sendTransaction",
+    "eth_sign",
+    "eth_signTransaction",
+    "eth_simulateV1",
+    "eth_subscribe",
+    "eth_syncing",
+    "eth_uninstallFilter",
+    "eth_unsubscribe",
+    "net_listening",
+    "net_peerCount",
+    "net_version",
+    "txpool_content",
+    "txpool_contentFrom",
+    "txpool_inspect",
+    "txpool_status",
+    "web3_clientVersion",
+    "web3_sha3",
+    "debug_traceCall",
+    "debug_traceTransaction",
+    "debug_traceBlockByNumber",
+    "debug_traceBlockByHash",
+    "trace_block",
+    "trace_transaction",
+    "trace_filter",
+];
+
+/// The label for a method name.
+pub fn method_label(method: &str) -> &'static str {
+    if method.is_empty() {
+        return "none";
+    }
+    KNOWN_METHODS
+        .iter()
+        .find(|&&m| m == method)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// Counts one call.
+pub fn count_call(method: &str, outcome: &'static str) {
+    metrics::counter!("sluice_requests_total", "method" => method_label(method), "outcome" => outcome).increment(1);
+}
+
+/// Tracks one body in flight: counts it on creation, records its duration when dropped.
+pub struct InFlight {
+    transport: &'static str,
+    started: std::time::Instant,
+}
+
+impl InFlight {
+    /// Starts tracking a body that arrived on `transport` (`http` or `ws`).
+    pub fn start(transport: &'static str) -> Self {
+        metrics::gauge!("sluice_requests_in_flight", "transport" => transport).increment(1.0);
+        Self {
+            transport,
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!("sluice_requests_in_flight", "transport" => self.transport).decrement(1.0);
+        metrics::histogram!("sluice_request_duration_seconds", "transport" => self.transport)
+            .record(self.started.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_methods_share_one_label() {
+        assert_eq!(method_label("eth_call"), "eth_call");
+        assert_eq!(method_label("attacker_0001"), "other");
+        assert_eq!(method_label(""), "none");
+    }
+}

@@ -1,0 +1,316 @@
+//! A client's WebSocket session: JSON-RPC calls through the pipeline, and subscriptions relayed
+//! from one upstream WebSocket per client with ids mapped both ways.
+//!
+//! Calls run concurrently (bounded per socket) so a slow call does not hold up notifications.
+//! The outbox is bounded: a client too slow to take its notifications is disconnected rather
+//! than buffered without limit. When the client leaves, its subscriptions are cancelled upstream
+//! and the upstream socket is closed. When the upstream socket dies, the client is closed with
+//! 1011 so it reconnects and subscribes again, instead of waiting on a dead subscription.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use futures_util::{SinkExt, StreamExt};
+use sluice_jsonrpc::{
+    codes, parse_body, write_responses, ErrorObject, Incoming, Invalid, Outcome, RawValue, Request,
+    Response,
+};
+use sluice_upstream::{Notification, UpstreamSocket};
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::pipeline::Reply;
+use crate::route::is_subscription_method;
+use crate::telemetry::{self, InFlight};
+use crate::Gateway;
+
+/// Messages waiting to be written to one client.
+const OUTBOX: usize = 1024;
+/// Calls one client may have running at once; further messages wait to be read.
+const CALLS_PER_SOCKET: usize = 64;
+
+/// Runs one client session until either side closes or the server stops.
+pub async fn session(
+    socket: WebSocket,
+    gateway: Arc<Gateway>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    metrics::gauge!("sluice_websocket_sessions").increment(1.0);
+    let (mut sink, mut stream) = socket.split();
+    let (outbox, mut outbox_rx) = mpsc::channel::<Message>(OUTBOX);
+    let writer = tokio::spawn(async move {
+        while let Some(message) = outbox_rx.recv().await {
+            let closing = matches!(message, Message::Close(_));
+            if sink.send(message).await.is_err() || closing {
+                break;
+            }
+        }
+    });
+    let mut session = Session {
+        gateway,
+        outbox,
+        subscriptions: Subscriptions::default(),
+        calls: Arc::new(Semaphore::new(CALLS_PER_SOCKET)),
+    };
+    let close = loop {
+        tokio::select! {
+            message = stream.next() => {
+                let body = match message {
+                    Some(Ok(Message::Text(text))) => bytes::Bytes::from(text),
+                    Some(Ok(Message::Binary(bytes))) => bytes,
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
+                    Some(Ok(_)) => continue,
+                };
+                session.on_message(&body).await;
+            }
+            event = session.subscriptions.next_notification() => match event {
+                Some(event) => {
+                    if !session.forward(event) {
+                        break Some((1008, "client too slow to take its subscription events"));
+                    }
+                }
+                None => break Some((1011, "upstream subscription connection lost")),
+            },
+            _ = shutdown.changed() => break Some((1001, "server shutting down")),
+        }
+    };
+    session.subscriptions.close().await;
+    if let Some((code, reason)) = close {
+        let _ = session
+            .outbox
+            .send(Message::Close(Some(CloseFrame {
+                code,
+                reason: reason.into(),
+            })))
+            .await;
+    }
+    drop(session);
+    let _ = writer.await;
+    metrics::gauge!("sluice_websocket_sessions").decrement(1.0);
+}
+
+struct Session {
+    gateway: Arc<Gateway>,
+    outbox: mpsc::Sender<Message>,
+    subscriptions: Subscriptions,
+    calls: Arc<Semaphore>,
+}
+
+impl Session {
+    async fn on_message(&mut self, body: &[u8]) {
+        let (items, batch) = match parse_body(body, self.gateway.limits.max_batch_len) {
+            Err(e) => return self.send(Reply::local_error(e)).await,
+            Ok(Incoming::Single(item)) => (vec![item], false),
+            Ok(Incoming::Batch(items)) => (items, true),
+        };
+        let has_subscription = items
+            .iter()
+            .any(|i| i.as_ref().is_ok_and(|r| is_subscription_method(&r.method)));
+        if has_subscription {
+            // Subscriptions change this session's state: answer such a body in order, here.
+            let mut responses = Vec::with_capacity(items.len());
+            for item in items {
+                responses.extend(self.answer_one(item).await);
+            }
+            if !responses.is_empty() {
+                let _ = self
+                    .outbox
+                    .send(text(write_responses(batch, &responses)))
+                    .await;
+            }
+            return;
+        }
+        let Ok(permit) = self.calls.clone().acquire_owned().await else {
+            return;
+        };
+        let gateway = self.gateway.clone();
+        let outbox = self.outbox.clone();
+        tokio::spawn(async move {
+            let _in_flight = InFlight::start("ws");
+            let reply = gateway.pipeline.answer(items, batch).await;
+            if let Some(body) = reply.body {
+                let _ = outbox.send(text(body)).await;
+            }
+            drop(permit);
+        });
+    }
+
+    async fn answer_one(&mut self, item: Result<Request, Invalid>) -> Vec<Response> {
+        let req = match item {
+            Ok(req) if is_subscription_method(&req.method) => req,
+            other => return self.gateway.pipeline.answer_responses(vec![other]).await,
+        };
+        let outcome = if req.method == "eth_subscribe" {
+            self.subscribe(&req).await
+        } else {
+            self.unsubscribe(&req).await
+        };
+        telemetry::count_call(
+            &req.method,
+            if outcome.is_error() {
+                "rpc_error"
+            } else {
+                "ok"
+            },
+        );
+        req.id
+            .map(|id| Response { id, outcome })
+            .into_iter()
+            .collect()
+    }
+
+    async fn subscribe(&mut self, req: &Request) -> Outcome {
+        let limit = self.gateway.limits.max_subscriptions_per_socket;
+        if self.subscriptions.by_client.len() >= limit {
+            return ErrorObject::new(
+                codes::LIMIT_EXCEEDED,
+                format!("too many subscriptions on this connection (limit {limit})"),
+            )
+            .into();
+        }
+        let Some(url) = self.gateway.subscription_url.as_deref() else {
+            return ErrorObject::new(
+                codes::METHOD_NOT_FOUND,
+                "subscriptions are not available: no upstream WebSocket",
+            )
+            .into();
+        };
+        if self.subscriptions.upstream.is_none() {
+            match UpstreamSocket::connect(url, self.gateway.upstream_timeout).await {
+                Ok((socket, events)) => {
+                    self.subscriptions.upstream = Some(socket);
+                    self.subscriptions.events = Some(events);
+                }
+                Err(e) => return e.to_error_object().into(),
+            }
+        }
+        let Some(upstream) = &self.subscriptions.upstream else {
+            unreachable!("connected above")
+        };
+        match upstream.call(req.clone()).await {
+            Ok(Outcome::Result(raw)) => match serde_json::from_str::<String>(raw.get()) {
+                Ok(upstream_id) => {
+                    let client_id = new_subscription_id();
+                    self.subscriptions
+                        .by_upstream
+                        .insert(upstream_id.clone(), client_id.clone());
+                    self.subscriptions
+                        .by_client
+                        .insert(client_id.clone(), upstream_id);
+                    Outcome::Result(json_string(&client_id))
+                }
+                Err(_) => ErrorObject::new(
+                    codes::INTERNAL_ERROR,
+                    "upstream returned a malformed subscription id",
+                )
+                .into(),
+            },
+            Ok(error) => error,
+            Err(e) => e.to_error_object().into(),
+        }
+    }
+
+    async fn unsubscribe(&mut self, req: &Request) -> Outcome {
+        let Ok((client_id,)) = serde_json::from_str::<(String,)>(req.params_text()) else {
+            return ErrorObject::new(codes::INVALID_PARAMS, "expected [subscription id]").into();
+        };
+        // An id this connection does not hold is answered `false`, never forwarded: ids are
+        // per connection, and another client's subscription must stay out of reach.
+        let Some(upstream_id) = self.subscriptions.by_client.remove(&client_id) else {
+            return Outcome::Result(raw("false"));
+        };
+        self.subscriptions.by_upstream.remove(&upstream_id);
+        let Some(upstream) = &self.subscriptions.upstream else {
+            return Outcome::Result(raw("true"));
+        };
+        let params = serde_json::value::to_raw_value(&[&upstream_id]).ok();
+        match upstream
+            .call(Request::new(req.id.clone(), "eth_unsubscribe", params))
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(e) => e.to_error_object().into(),
+        }
+    }
+
+    /// Relays an upstream event under the client's id; false when the client cannot keep up.
+    fn forward(&self, event: Notification) -> bool {
+        let Some(client_id) = self.subscriptions.by_upstream.get(&event.subscription) else {
+            return true; // an event racing its unsubscribe
+        };
+        let mut body = Vec::with_capacity(96 + event.result.get().len());
+        body.extend_from_slice(
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"eth_subscription\",\"params\":{\"subscription\":",
+        );
+        body.extend_from_slice(json_string(client_id).get().as_bytes());
+        body.extend_from_slice(b",\"result\":");
+        body.extend_from_slice(event.result.get().as_bytes());
+        body.extend_from_slice(b"}}");
+        self.outbox.try_send(text(body)).is_ok()
+    }
+
+    async fn send(&self, reply: Reply) {
+        if let Some(body) = reply.body {
+            let _ = self.outbox.send(text(body)).await;
+        }
+    }
+}
+
+/// This client's subscriptions and the upstream socket that carries them.
+#[derive(Default)]
+struct Subscriptions {
+    upstream: Option<UpstreamSocket>,
+    events: Option<mpsc::Receiver<Notification>>,
+    by_client: HashMap<String, String>,
+    by_upstream: HashMap<String, String>,
+}
+
+impl Subscriptions {
+    /// The next event; never resolves while there is no upstream socket.
+    async fn next_notification(&mut self) -> Option<Notification> {
+        match &mut self.events {
+            Some(events) => events.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Cancels every subscription upstream, then closes the socket.
+    async fn close(&mut self) {
+        if let Some(upstream) = self.upstream.take() {
+            for upstream_id in self.by_client.values() {
+                let params = serde_json::value::to_raw_value(&[upstream_id]).ok();
+                let req = Request::new(
+                    Some(sluice_jsonrpc::Id::number(0)),
+                    "eth_unsubscribe",
+                    params,
+                );
+                let _ = upstream.call(req).await;
+            }
+        }
+        self.by_client.clear();
+        self.by_upstream.clear();
+        self.events = None;
+    }
+}
+
+fn text(body: Vec<u8>) -> Message {
+    match String::from_utf8(body) {
+        Ok(s) => Message::Text(s.into()),
+        Err(e) => Message::Binary(e.into_bytes().into()),
+    }
+}
+
+fn raw(json: &'static str) -> Box<RawValue> {
+    RawValue::from_string(json.to_owned()).expect("a JSON literal")
+}
+
+fn json_string(s: &str) -> Box<RawValue> {
+    serde_json::value::to_raw_value(s).unwrap_or_default()
+}
+
+/// A fresh 128-bit subscription id in the `0x…` form clients expect.
+fn new_subscription_id() -> String {
+    let state = std::collections::hash_map::RandomState::new();
+    format!("0x{:016x}{:016x}", state.hash_one(1u8), state.hash_one(2u8))
+}

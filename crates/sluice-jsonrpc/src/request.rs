@@ -1,0 +1,304 @@
+//! Parsing request bodies: single calls, batches, notifications, with per-element errors.
+
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+use crate::error::{codes, ErrorObject};
+
+/// A request id, kept as the exact JSON text the caller sent (a number, a string or `null`),
+/// so that `1.0`, `1e3` or a 30-digit number come back exactly as written.
+#[derive(Debug, Clone)]
+pub struct Id(Box<RawValue>);
+
+impl PartialEq for Id {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Id {}
+
+impl Id {
+    /// The `null` id, used when a request's own id cannot be read.
+    pub fn null() -> Self {
+        Id(RawValue::from_string("null".to_owned()).expect("null is JSON"))
+    }
+
+    /// An id from a number, for requests sluice makes itself.
+    pub fn number(n: u64) -> Self {
+        Id(RawValue::from_string(n.to_string()).expect("an integer is JSON"))
+    }
+
+    /// The exact JSON text of the id.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// Accepts only the JSON types the spec allows for an id.
+    fn from_raw(raw: &RawValue) -> Option<Self> {
+        let text = raw.get();
+        let ok = match text.as_bytes().first() {
+            Some(b'"') | Some(b'-') | Some(b'0'..=b'9') => true,
+            _ => text == "null",
+        };
+        ok.then(|| Id(raw.to_owned()))
+    }
+}
+
+/// One valid JSON-RPC call.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The caller's id; `None` makes this a notification, which gets no answer.
+    pub id: Option<Id>,
+    /// The method name.
+    pub method: String,
+    /// The params exactly as sent (an array or object), or `None`.
+    pub params: Option<Box<RawValue>>,
+}
+
+impl Request {
+    /// Builds a request, for calls sluice makes itself and for tests.
+    pub fn new(id: Option<Id>, method: impl Into<String>, params: Option<Box<RawValue>>) -> Self {
+        Self {
+            id,
+            method: method.into(),
+            params,
+        }
+    }
+
+    /// True when the caller expects no answer.
+    pub fn is_notification(&self) -> bool {
+        self.id.is_none()
+    }
+
+    /// The params' JSON text, `[]` when absent.
+    pub fn params_text(&self) -> &str {
+        self.params.as_deref().map_or("[]", RawValue::get)
+    }
+
+    /// Writes this call with another id (the upstream's), leaving params untouched.
+    pub fn write_with_id(&self, id: &str, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+        out.extend_from_slice(id.as_bytes());
+        out.extend_from_slice(b",\"method\":");
+        // Writing a String into a Vec cannot fail.
+        serde_json::to_writer(&mut *out, &self.method).expect("string serializes");
+        if let Some(params) = &self.params {
+            out.extend_from_slice(b",\"params\":");
+            out.extend_from_slice(params.get().as_bytes());
+        }
+        out.push(b'}');
+    }
+}
+
+/// An element that could not be read as a request: the id to answer with and why.
+pub type Invalid = (Id, ErrorObject);
+
+/// A parsed body.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A single call (or the error answering it).
+    Single(Result<Request, Invalid>),
+    /// A non-empty batch; each element answered on its own.
+    Batch(Vec<Result<Request, Invalid>>),
+}
+
+/// Parses a request body. Errors that concern the whole body (not JSON, empty batch, batch
+/// longer than `max_batch`) are returned as `Err` and answered once with a `null` id.
+pub fn parse_body(body: &[u8], max_batch: usize) -> Result<Incoming, ErrorObject> {
+    let text = std::str::from_utf8(body).map_err(|e| ErrorObject::parse_error(e))?;
+    // One pass validates the whole document; elements are then read from borrowed slices.
+    let doc: &RawValue = serde_json::from_str(text).map_err(ErrorObject::parse_error)?;
+    let doc_text = doc.get();
+    if doc_text.starts_with('[') {
+        let elements: Vec<&RawValue> =
+            serde_json::from_str(doc_text).map_err(ErrorObject::parse_error)?;
+        if elements.is_empty() {
+            return Err(ErrorObject::invalid_request("empty batch"));
+        }
+        if elements.len() > max_batch {
+            return Err(ErrorObject::new(
+                codes::LIMIT_EXCEEDED,
+                format!(
+                    "batch too large: {} calls, limit {max_batch}",
+                    elements.len()
+                ),
+            ));
+        }
+        Ok(Incoming::Batch(
+            elements.into_iter().map(parse_element).collect(),
+        ))
+    } else {
+        Ok(Incoming::Single(parse_element(doc)))
+    }
+}
+
+#[derive(Deserialize)]
+struct RawRequest<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+}
+
+/// Distinguishes a field set to `null` (Some) from a missing field (None, via `default`).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+fn parse_element(raw: &RawValue) -> Result<Request, Invalid> {
+    let invalid = |id: Option<Id>, why: &str| {
+        Err((
+            id.unwrap_or_else(Id::null),
+            ErrorObject::invalid_request(why),
+        ))
+    };
+    if !raw.get().starts_with('{') {
+        return invalid(None, "not a JSON-RPC request object");
+    }
+    let fields: RawRequest = match serde_json::from_str(raw.get()) {
+        Ok(fields) => fields,
+        Err(e) => return invalid(None, &e.to_string()),
+    };
+    let id = match fields.id {
+        None => None,
+        Some(raw_id) => match Id::from_raw(raw_id) {
+            Some(id) => Some(id),
+            None => return invalid(None, "id must be a string, a number or null"),
+        },
+    };
+    match fields
+        .jsonrpc
+        .map(|v| serde_json::from_str::<&str>(v.get()))
+    {
+        Some(Ok("2.0")) => {}
+        _ => return invalid(id, "jsonrpc must be \"2.0\""),
+    }
+    let method = match fields
+        .method
+        .map(|v| serde_json::from_str::<String>(v.get()))
+    {
+        Some(Ok(method)) => method,
+        Some(Err(_)) => return invalid(id, "method must be a string"),
+        None => return invalid(id, "missing method"),
+    };
+    let params = match fields.params {
+        None => None,
+        Some(p) if p.get() == "null" => None,
+        Some(p) if p.get().starts_with(['[', '{']) => Some(p.to_owned()),
+        Some(_) => return invalid(id, "params must be an array or an object"),
+    };
+    Ok(Request { id, method, params })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn single(body: &str) -> Result<Request, Invalid> {
+        match parse_body(body.as_bytes(), 10).expect("body parses") {
+            Incoming::Single(r) => r,
+            Incoming::Batch(_) => panic!("expected a single call"),
+        }
+    }
+
+    #[test]
+    fn ids_are_kept_exactly() {
+        for id in [
+            "1",
+            "1.0",
+            "-7",
+            "1e3",
+            "\"abc\"",
+            "null",
+            "123456789012345678901234567890",
+        ] {
+            let req = single(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"m"}}"#)).unwrap();
+            assert_eq!(req.id.unwrap().get(), id);
+        }
+    }
+
+    #[test]
+    fn missing_id_is_a_notification_and_null_id_is_not() {
+        assert!(single(r#"{"jsonrpc":"2.0","method":"m"}"#)
+            .unwrap()
+            .is_notification());
+        assert!(!single(r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#)
+            .unwrap()
+            .is_notification());
+    }
+
+    #[test]
+    fn params_pass_through_untouched() {
+        let req = single(r#"{"jsonrpc":"2.0","id":1,"method":"m","params":[ "0x1" , {"a":1.50}]}"#)
+            .unwrap();
+        assert_eq!(req.params_text(), r#"[ "0x1" , {"a":1.50}]"#);
+    }
+
+    #[test]
+    fn whole_body_errors() {
+        assert_eq!(parse_body(b"{", 10).unwrap_err().code, codes::PARSE_ERROR);
+        assert_eq!(
+            parse_body(b"\xff", 10).unwrap_err().code,
+            codes::PARSE_ERROR
+        );
+        assert_eq!(
+            parse_body(b"[]", 10).unwrap_err().code,
+            codes::INVALID_REQUEST
+        );
+        let big = format!(
+            "[{}]",
+            vec![r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#; 11].join(",")
+        );
+        assert_eq!(
+            parse_body(big.as_bytes(), 10).unwrap_err().code,
+            codes::LIMIT_EXCEEDED
+        );
+    }
+
+    #[test]
+    fn invalid_elements_get_their_own_errors() {
+        let body = r#"[1, {"jsonrpc":"1.0","id":5,"method":"m"}, {"jsonrpc":"2.0","id":6,"method":7},
+                       {"jsonrpc":"2.0","id":{},"method":"m"}, {"jsonrpc":"2.0","id":8,"method":"m","params":3},
+                       {"jsonrpc":"2.0","id":9,"method":"ok"}]"#;
+        let Incoming::Batch(items) = parse_body(body.as_bytes(), 10).unwrap() else {
+            panic!("batch")
+        };
+        let ids: Vec<String> = items
+            .iter()
+            .map(|r| match r {
+                Ok(req) => format!("ok {}", req.id.as_ref().unwrap().get()),
+                Err((id, e)) => format!("{} {}", e.code, id.get()),
+            })
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "-32600 null",
+                "-32600 5",
+                "-32600 6",
+                "-32600 null",
+                "-32600 8",
+                "ok 9"
+            ]
+        );
+    }
+
+    #[test]
+    fn writes_request_with_new_id() {
+        let req = single(
+            r#"{"jsonrpc":"2.0","id":"x","method":"eth_call","params":[{"to":"0x1"},"latest"]}"#,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        req.write_with_id("42", &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":42,"method":"eth_call","params":[{"to":"0x1"},"latest"]}"#
+        );
+    }
+}

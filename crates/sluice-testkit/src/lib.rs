@@ -1,0 +1,220 @@
+//! Test helpers for sluice: real processes on free loopback ports, killed when dropped.
+//!
+//! * [`Anvil`]: a real anvil devnet from the project-local tools folder.
+//! * [`Sluice`]: the real `sluice` binary, started with arguments, its address read from stdout.
+//! * [`rpc`]: one JSON-RPC call or raw body over HTTP.
+//!
+//! Nothing here fakes a node. Missing tools fail loudly with the command that installs them.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The workspace root (two levels above this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("workspace root")
+        .to_owned()
+}
+
+/// Path of a Foundry tool (`anvil`, `cast`) in the project-local tools folder.
+pub fn foundry_tool(name: &str) -> PathBuf {
+    let path = workspace_root().join(format!(
+        ".tools/node_modules/@foundry-rs/{name}-linux-amd64/bin/{name}"
+    ));
+    assert!(
+        path.is_file(),
+        "{} missing: run scripts/install-tools.sh first",
+        path.display()
+    );
+    path
+}
+
+/// A free port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A real anvil devnet, killed on drop.
+pub struct Anvil {
+    child: Child,
+    /// The anvil port.
+    pub port: u16,
+}
+
+impl Anvil {
+    /// Starts anvil with default settings (mines on each transaction).
+    pub fn spawn() -> Self {
+        Self::spawn_with(&[])
+    }
+
+    /// Starts anvil with extra arguments and waits until it accepts connections.
+    pub fn spawn_with(args: &[&str]) -> Self {
+        let port = free_port();
+        let child = Command::new(foundry_tool("anvil"))
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("anvil starts");
+        let anvil = Anvil { child, port };
+        wait_for_port(port, Duration::from_secs(30));
+        anvil
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn http_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `ws://127.0.0.1:PORT`.
+    pub fn ws_url(&self) -> String {
+        format!("ws://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Anvil {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for_port(port: u16, within: Duration) {
+    let deadline = Instant::now() + within;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing listening on port {port} after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// The real `sluice` binary, killed on drop.
+pub struct Sluice {
+    child: Child,
+    /// Where it listens, read from its first line on stdout.
+    pub addr: String,
+}
+
+impl Sluice {
+    /// Runs `BIN ARGS…` (pass `env!("CARGO_BIN_EXE_sluice")`) and waits for its
+    /// `sluice listening on http://ADDR` line.
+    pub fn spawn(bin: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(bin)
+            .args(args)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("sluice starts");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = loop {
+            let line = lines
+                .next()
+                .expect("sluice printed its address")
+                .expect("stdout is readable");
+            if let Some(rest) = line.strip_prefix("sluice listening on http://") {
+                break rest
+                    .split_whitespace()
+                    .next()
+                    .expect("an address")
+                    .to_owned();
+            }
+        };
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Sluice { child, addr }
+    }
+
+    /// Starts `sluice serve` on a free port in front of `upstream`, with extra arguments.
+    pub fn serve(bin: &str, upstream: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--upstream", upstream];
+        args.extend_from_slice(extra);
+        Self::spawn(bin, &args)
+    }
+
+    /// `http://ADDR`.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `ws://ADDR`.
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}", self.addr)
+    }
+
+    /// The process id (for signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit by itself, up to `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Posts a raw body and returns the HTTP status and the body parsed as JSON (`Null` if empty).
+pub async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    body: impl Into<reqwest::Body>,
+) -> (u16, Value) {
+    let response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.expect("body read");
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).expect("JSON answer")
+    };
+    (status, value)
+}
+
+/// Makes one call and returns the whole answer object.
+pub async fn rpc(client: &reqwest::Client, url: &str, method: &str, params: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    post(client, url, body.to_string()).await.1
+}
+
+/// Makes one call and returns its `result`, panicking on an error answer.
+pub async fn rpc_result(client: &reqwest::Client, url: &str, method: &str, params: Value) -> Value {
+    let answer = rpc(client, url, method, params).await;
+    assert!(answer.get("error").is_none(), "{method} failed: {answer}");
+    answer["result"].clone()
+}

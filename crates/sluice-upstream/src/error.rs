@@ -1,0 +1,46 @@
+//! Why an upstream call produced no usable answer.
+
+use std::time::Duration;
+
+use sluice_jsonrpc::{codes, ErrorObject};
+
+/// A failed upstream call. Displays without addresses or node internals, so it is safe to show
+/// to callers; the details are logged where the failure happens.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// The connection could not be made or broke before an answer arrived.
+    #[error("upstream unreachable")]
+    Unreachable,
+    /// No answer within the deadline.
+    #[error("upstream timed out after {0:?}")]
+    Timeout(Duration),
+    /// The node answered with an HTTP error status and no JSON-RPC answer.
+    #[error("upstream answered HTTP {0}")]
+    HttpStatus(u16),
+    /// The node answered something that is not a JSON-RPC answer to our call.
+    #[error("upstream sent an invalid answer: {0}")]
+    InvalidResponse(&'static str),
+    /// The node's answer exceeded the configured size limit.
+    #[error("upstream answer too large")]
+    ResponseTooLarge,
+}
+
+impl UpstreamError {
+    /// A short label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UpstreamError::Unreachable => "unreachable",
+            UpstreamError::Timeout(_) => "timeout",
+            UpstreamError::HttpStatus(_) => "http_status",
+            UpstreamError::InvalidResponse(_) => "invalid_response",
+            UpstreamError::ResponseTooLarge => "too_large",
+        }
+    }
+
+    /// The JSON-RPC error a caller sees: -32002 (resource unavailable), a message that says
+    /// which failure it was, and its kind as `data.reason`.
+    pub fn to_error_object(&self) -> ErrorObject {
+        ErrorObject::new(codes::RESOURCE_UNAVAILABLE, self.to_string())
+            .with_data(serde_json::json!({ "reason": self.kind() }))
+    }
+}

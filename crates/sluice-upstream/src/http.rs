@@ -1,0 +1,206 @@
+//! One upstream node over HTTP/1.1 with a keep-alive connection pool.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::CONTENT_TYPE;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use sluice_jsonrpc::{Outcome, Request, ResponseEnvelope};
+
+use crate::{UpstreamError, Upstreams};
+
+/// Settings for an [`HttpUpstream`].
+#[derive(Debug, Clone)]
+pub struct HttpUpstreamConfig {
+    /// A short name for logs and metrics.
+    pub name: String,
+    /// The node's `http://` URL.
+    pub url: String,
+    /// Deadline for one call, from sending to the last byte of the answer.
+    pub timeout: Duration,
+    /// Largest answer accepted, to keep memory bounded.
+    pub max_response_bytes: usize,
+}
+
+/// One node reached over HTTP. Calls get fresh numeric ids, so the caller's ids never reach the
+/// node and a mismatched answer is detected.
+pub struct HttpUpstream {
+    config: HttpUpstreamConfig,
+    uri: hyper::Uri,
+    client: Client<HttpConnector, Full<Bytes>>,
+    next_id: AtomicU64,
+}
+
+impl HttpUpstream {
+    /// Builds a client; fails if the URL is not an `http://` URL.
+    pub fn new(config: HttpUpstreamConfig) -> Result<Self, String> {
+        let uri: hyper::Uri = config
+            .url
+            .parse()
+            .map_err(|e| format!("bad upstream URL {:?}: {e}", config.url))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(format!(
+                "upstream URL {:?}: only http:// is supported for calls (https is not built in yet)",
+                config.url
+            ));
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.timeout.min(Duration::from_secs(5))));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1024)
+            .build(connector);
+        Ok(Self {
+            config,
+            uri,
+            client,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The configured name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn ids(&self, n: u64) -> u64 {
+        self.next_id.fetch_add(n, Ordering::Relaxed)
+    }
+
+    /// POSTs a body and returns the answer's bytes, classifying every failure.
+    async fn post(&self, body: Vec<u8>) -> Result<(u16, Bytes), UpstreamError> {
+        let request = hyper::Request::post(self.uri.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|_| UpstreamError::InvalidResponse("request could not be built"))?;
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| {
+                tracing::warn!(upstream = %self.config.name, error = %e, "upstream request failed");
+                UpstreamError::Unreachable
+            })?;
+            let status = response.status().as_u16();
+            let body = Limited::new(response.into_body(), self.config.max_response_bytes)
+                .collect()
+                .await
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        UpstreamError::ResponseTooLarge
+                    } else {
+                        tracing::warn!(upstream = %self.config.name, error = %e, "upstream body failed");
+                        UpstreamError::Unreachable
+                    }
+                })?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(self.config.timeout, exchange)
+            .await
+            .map_err(|_| UpstreamError::Timeout(self.config.timeout))?
+    }
+
+    fn record(&self, started: Instant, outcome: &'static str) {
+        let name = self.config.name.clone();
+        metrics::counter!("sluice_upstream_calls_total", "upstream" => name.clone(), "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!("sluice_upstream_call_duration_seconds", "upstream" => name)
+            .record(started.elapsed().as_secs_f64());
+    }
+}
+
+/// Reads an answer body: a JSON-RPC answer wins over a bad HTTP status, since some providers
+/// send errors with 4xx/5xx; anything else is classified.
+fn parse_answer<T: serde::de::DeserializeOwned>(
+    status: u16,
+    body: &[u8],
+) -> Result<T, UpstreamError> {
+    match serde_json::from_slice(body) {
+        Ok(answer) => Ok(answer),
+        Err(_) if !(200..300).contains(&status) => Err(UpstreamError::HttpStatus(status)),
+        Err(_) => Err(UpstreamError::InvalidResponse("not a JSON-RPC answer")),
+    }
+}
+
+#[async_trait]
+impl Upstreams for HttpUpstream {
+    async fn call(&self, req: &Request) -> Result<Outcome, UpstreamError> {
+        let started = Instant::now();
+        let id = self.ids(1);
+        let mut body = Vec::with_capacity(64 + req.method.len() + req.params_text().len());
+        req.write_with_id(&id.to_string(), &mut body);
+        let result = match self.post(body).await {
+            Ok((status, bytes)) => {
+                parse_answer::<ResponseEnvelope>(status, &bytes).and_then(|env| {
+                    if env.numeric_id() != Some(id) {
+                        return Err(UpstreamError::InvalidResponse("answer id does not match"));
+                    }
+                    env.into_outcome().ok_or(UpstreamError::InvalidResponse(
+                        "answer has no result or error",
+                    ))
+                })
+            }
+            Err(e) => Err(e),
+        };
+        self.record(
+            started,
+            result.as_ref().map_or_else(UpstreamError::kind, |_| "ok"),
+        );
+        result
+    }
+
+    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
+        if reqs.len() == 1 {
+            return vec![self.call(reqs[0]).await];
+        }
+        let started = Instant::now();
+        let first = self.ids(reqs.len() as u64);
+        let mut body = Vec::with_capacity(
+            2 + reqs
+                .iter()
+                .map(|r| 64 + r.params_text().len())
+                .sum::<usize>(),
+        );
+        body.push(b'[');
+        for (i, req) in reqs.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            req.write_with_id(&(first + i as u64).to_string(), &mut body);
+        }
+        body.push(b']');
+        let answers = self
+            .post(body)
+            .await
+            .and_then(|(status, bytes)| parse_answer::<Vec<ResponseEnvelope>>(status, &bytes));
+        let results = match answers {
+            Err(e) => vec![Err(e); reqs.len()],
+            Ok(envelopes) => {
+                // Nodes may answer a batch in any order: place each answer by its id.
+                let mut results =
+                    vec![Err(UpstreamError::InvalidResponse("batch answer missing")); reqs.len()];
+                for env in envelopes {
+                    let slot = env
+                        .numeric_id()
+                        .and_then(|id| id.checked_sub(first))
+                        .map(|i| i as usize);
+                    if let Some(slot) = slot.filter(|&i| i < reqs.len()) {
+                        results[slot] = env.into_outcome().ok_or(UpstreamError::InvalidResponse(
+                            "answer has no result or error",
+                        ));
+                    }
+                }
+                results
+            }
+        };
+        let outcome = results
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .map_or("ok", UpstreamError::kind);
+        self.record(started, outcome);
+        results
+    }
+}

@@ -1,0 +1,35 @@
+//! Upstream nodes for sluice.
+//!
+//! * [`Upstreams`] is the seam every other component calls through: the gateway for
+//!   pass-through calls, and later the cache (on a miss) and the mempool (state, relay).
+//! * [`HttpUpstream`] is one node reached over HTTP/1.1 with keep-alive.
+//! * [`UpstreamSocket`] is one WebSocket connection to a node, used for `eth_subscribe`.
+//!
+//! Errors are classified ([`UpstreamError`]) so callers can tell an unreachable node from a slow
+//! one or a broken answer, and turned into JSON-RPC errors that never leak upstream internals.
+
+mod error;
+mod http;
+mod socket;
+
+use async_trait::async_trait;
+use sluice_jsonrpc::{Outcome, Request};
+
+pub use error::UpstreamError;
+pub use http::{HttpUpstream, HttpUpstreamConfig};
+pub use socket::{Notification, UpstreamSocket};
+
+/// Something that answers JSON-RPC calls: one node, a pool of nodes, or a layer (cache,
+/// coalescing) wrapping another `Upstreams`.
+#[async_trait]
+pub trait Upstreams: Send + Sync + 'static {
+    /// Answers one call. A JSON-RPC error from the node is an `Ok(Outcome::Error)`: it is the
+    /// node's answer. `Err` means no usable answer was had.
+    async fn call(&self, req: &Request) -> Result<Outcome, UpstreamError>;
+
+    /// Answers several calls, in order. The default makes the calls concurrently; a node client
+    /// sends them as one JSON-RPC batch.
+    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
+        futures_util::future::join_all(reqs.iter().map(|r| self.call(r))).await
+    }
+}

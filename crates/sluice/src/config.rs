@@ -1,0 +1,355 @@
+//! Configuration: defaults, then a TOML file, then `SLUICE_*` environment variables, then flags.
+//!
+//! Environment variables name keys with `__` between levels (`SLUICE_LISTEN`,
+//! `SLUICE_LIMITS__MAX_BODY_BYTES=1048576`); `SLUICE_UPSTREAM` takes comma-separated URLs.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration of `sluice serve`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address for HTTP and WebSocket clients.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The nodes behind sluice; the spine uses the first (the upstream pool uses them all).
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Client limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// One upstream node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// `http://` or `ws://` URL. The other one is derived by swapping the scheme (nodes such as
+    /// anvil and reth serve both on one port) unless given below.
+    pub url: String,
+    /// WebSocket URL for subscriptions, when it differs from `url` (geth serves it on 8546).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ws_url: Option<String>,
+    /// Name for logs and metrics; defaults to `upstream-N`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Deadline for one call.
+    #[serde(default = "default_upstream_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Largest answer accepted from this node.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: usize,
+}
+
+/// Client limits (see `sluice_gateway::Limits`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request body or WebSocket message, in bytes.
+    pub max_body_bytes: usize,
+    /// Most calls in one batch.
+    pub max_batch_len: usize,
+    /// Time a client has to send headers and body; idle connections close after it.
+    #[serde(with = "humantime_serde")]
+    pub client_timeout: Duration,
+    /// Most client connections at once.
+    pub max_connections: usize,
+    /// Most subscriptions per WebSocket client.
+    pub max_subscriptions_per_socket: usize,
+    /// Time given to in-flight requests on shutdown.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let d = sluice_gateway::Limits::default();
+        Self {
+            max_body_bytes: d.max_body_bytes,
+            max_batch_len: d.max_batch_len,
+            client_timeout: d.client_timeout,
+            max_connections: d.max_connections,
+            max_subscriptions_per_socket: d.max_subscriptions_per_socket,
+            shutdown_grace: d.shutdown_grace,
+        }
+    }
+}
+
+impl From<&LimitsConfig> for sluice_gateway::Limits {
+    fn from(c: &LimitsConfig) -> Self {
+        Self {
+            max_body_bytes: c.max_body_bytes,
+            max_batch_len: c.max_batch_len,
+            client_timeout: c.client_timeout,
+            max_connections: c.max_connections,
+            max_subscriptions_per_socket: c.max_subscriptions_per_socket,
+            shutdown_grace: c.shutdown_grace,
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8545))
+}
+
+fn default_upstream_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_max_response_bytes() -> usize {
+    256 * 1024 * 1024
+}
+
+impl UpstreamConfig {
+    /// An upstream with default settings.
+    pub fn from_url(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            ws_url: None,
+            name: None,
+            timeout: default_upstream_timeout(),
+            max_response_bytes: default_max_response_bytes(),
+        }
+    }
+
+    /// The URL for calls (`http`) and the one for subscriptions (`ws`).
+    pub fn endpoints(&self) -> Result<(String, String), String> {
+        let url = url::Url::parse(&self.url).map_err(|e| format!("{:?}: {e}", self.url))?;
+        let swap = |to: &str| {
+            let mut other = url.clone();
+            other
+                .set_scheme(to)
+                .map(|_| other.to_string())
+                .map_err(|_| format!("{:?}: cannot derive a {to} URL", self.url))
+        };
+        let (http, ws) = match url.scheme() {
+            "http" => (self.url.clone(), swap("ws")?),
+            "ws" => (swap("http")?, self.url.clone()),
+            "https" | "wss" => {
+                return Err(format!(
+                    "{:?}: TLS upstreams are not supported yet; use http:// or ws://",
+                    self.url
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "{:?}: unsupported scheme {other:?}; use http:// or ws://",
+                    self.url
+                ))
+            }
+        };
+        let ws = match &self.ws_url {
+            Some(ws_url) => {
+                let parsed =
+                    url::Url::parse(ws_url).map_err(|e| format!("ws_url {ws_url:?}: {e}"))?;
+                if parsed.scheme() != "ws" {
+                    return Err(format!("ws_url {ws_url:?}: must be a ws:// URL"));
+                }
+                ws_url.clone()
+            }
+            None => ws,
+        };
+        Ok((http, ws))
+    }
+}
+
+/// Settings given on the command line, which win over everything else.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--listen`.
+    pub listen: Option<SocketAddr>,
+    /// `--upstream`, repeatable.
+    pub upstreams: Vec<String>,
+}
+
+/// Loads the configuration from its layers and validates it.
+pub fn load(file: Option<&Path>, overrides: &Overrides) -> anyhow::Result<Config> {
+    let config = load_layers(file, overrides)?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Loads the configuration from its layers without the final validation, for callers that
+/// fill in parts themselves (`sluice dev` supplies the upstream).
+pub fn load_layers(file: Option<&Path>, overrides: &Overrides) -> anyhow::Result<Config> {
+    let mut figment = Figment::new();
+    if let Some(file) = file {
+        anyhow::ensure!(file.is_file(), "config file {} not found", file.display());
+        figment = figment.merge(Toml::file(file));
+    }
+    figment = figment.merge(
+        Env::prefixed("SLUICE_")
+            .split("__")
+            .ignore(&["upstream", "config", "log"]),
+    );
+    let mut config: Config = figment.extract().map_err(describe)?;
+    if let Ok(list) = std::env::var("SLUICE_UPSTREAM") {
+        config.upstreams = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(UpstreamConfig::from_url)
+            .collect();
+    }
+    if let Some(listen) = overrides.listen {
+        config.listen = listen;
+    }
+    if !overrides.upstreams.is_empty() {
+        config.upstreams = overrides
+            .upstreams
+            .iter()
+            .map(UpstreamConfig::from_url)
+            .collect();
+    }
+    Ok(config)
+}
+
+/// Reads one file alone (no environment, no flags) and validates it: `sluice config validate`.
+pub fn validate_file(file: &Path) -> anyhow::Result<Config> {
+    anyhow::ensure!(file.is_file(), "config file {} not found", file.display());
+    let config: Config = Figment::from(Toml::file(file))
+        .extract()
+        .map_err(describe)?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Figment's errors name the key; this joins all of them into one message.
+fn describe(e: figment::Error) -> anyhow::Error {
+    let lines: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
+    anyhow::anyhow!("invalid configuration: {}", lines.join("; "))
+}
+
+impl Config {
+    /// Checks what serde cannot: at least one usable upstream, non-zero limits.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !self.upstreams.is_empty(),
+            "no upstream: give --upstream URL, SLUICE_UPSTREAM or [[upstreams]] in the file"
+        );
+        for (i, upstream) in self.upstreams.iter().enumerate() {
+            upstream
+                .endpoints()
+                .map_err(|e| anyhow::anyhow!("upstreams[{i}].url: {e}"))?;
+            anyhow::ensure!(
+                !upstream.timeout.is_zero(),
+                "upstreams[{i}].timeout: must be more than zero"
+            );
+        }
+        let l = &self.limits;
+        for (key, value) in [
+            ("limits.max_body_bytes", l.max_body_bytes),
+            ("limits.max_batch_len", l.max_batch_len),
+            ("limits.max_connections", l.max_connections),
+            (
+                "limits.max_subscriptions_per_socket",
+                l.max_subscriptions_per_socket,
+            ),
+        ] {
+            anyhow::ensure!(value > 0, "{key}: must be more than zero");
+        }
+        anyhow::ensure!(
+            !l.client_timeout.is_zero(),
+            "limits.client_timeout: must be more than zero"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    #[test]
+    fn a_full_file_loads() {
+        let f = file(
+            r#"listen = "127.0.0.1:9000"
+               [limits]
+               max_body_bytes = 1024
+               client_timeout = "5s"
+               [[upstreams]]
+               url = "http://127.0.0.1:8546"
+               ws_url = "ws://127.0.0.1:8547"
+               timeout = "2s"
+            "#,
+        );
+        let c = validate_file(f.path()).unwrap();
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.limits.max_body_bytes, 1024);
+        assert_eq!(c.limits.max_batch_len, 1000);
+        assert_eq!(c.limits.client_timeout, Duration::from_secs(5));
+        assert_eq!(
+            c.upstreams[0].endpoints().unwrap(),
+            ("http://127.0.0.1:8546".into(), "ws://127.0.0.1:8547".into())
+        );
+    }
+
+    #[test]
+    fn errors_name_the_bad_key() {
+        let unknown = validate_file(file("bogus = 1\n[[upstreams]]\nurl = \"http://a:1\"").path())
+            .unwrap_err();
+        assert!(unknown.to_string().contains("bogus"), "{unknown}");
+        let wrong_type = validate_file(
+            file("[limits]\nmax_body_bytes = \"big\"\n[[upstreams]]\nurl = \"http://a:1\"").path(),
+        )
+        .unwrap_err();
+        assert!(
+            wrong_type.to_string().contains("max_body_bytes"),
+            "{wrong_type}"
+        );
+        let zero = validate_file(
+            file("[limits]\nmax_batch_len = 0\n[[upstreams]]\nurl = \"http://a:1\"").path(),
+        )
+        .unwrap_err();
+        assert!(zero.to_string().contains("limits.max_batch_len"), "{zero}");
+        let scheme = validate_file(file("[[upstreams]]\nurl = \"ftp://a:1\"").path()).unwrap_err();
+        assert!(scheme.to_string().contains("upstreams[0].url"), "{scheme}");
+        let none = validate_file(file("").path()).unwrap_err();
+        assert!(none.to_string().contains("no upstream"), "{none}");
+    }
+
+    #[test]
+    fn ws_upstream_derives_http() {
+        let (http, ws) = UpstreamConfig::from_url("ws://127.0.0.1:8546")
+            .endpoints()
+            .unwrap();
+        assert_eq!(
+            (http.as_str(), ws.as_str()),
+            ("http://127.0.0.1:8546/", "ws://127.0.0.1:8546")
+        );
+    }
+
+    #[test]
+    fn flags_win_over_env_and_file() {
+        // Env is process-wide: this is the only test that sets SLUICE_* variables.
+        let f = file("listen = \"127.0.0.1:9001\"\n[limits]\nmax_batch_len = 7\n[[upstreams]]\nurl = \"http://file:1\"");
+        std::env::set_var("SLUICE_LIMITS__MAX_BATCH_LEN", "9");
+        std::env::set_var("SLUICE_UPSTREAM", "http://env:1,http://env:2");
+        let from_env = load(Some(f.path()), &Overrides::default()).unwrap();
+        let flags = Overrides {
+            listen: Some("127.0.0.1:9002".parse().unwrap()),
+            upstreams: vec!["http://flag:1".into()],
+        };
+        let from_flags = load(Some(f.path()), &flags).unwrap();
+        std::env::remove_var("SLUICE_LIMITS__MAX_BATCH_LEN");
+        std::env::remove_var("SLUICE_UPSTREAM");
+        assert_eq!(from_env.limits.max_batch_len, 9);
+        assert_eq!(from_env.listen.port(), 9001);
+        assert_eq!(from_env.upstreams.len(), 2);
+        assert_eq!(from_flags.listen.port(), 9002);
+        assert_eq!(from_flags.upstreams[0].url, "http://flag:1");
+    }
+}

@@ -1,0 +1,5 @@
+//! The `sluice` binary's library half: configuration and the commands, so they can be tested.
+
+pub mod config;
+pub mod dev;
+pub mod serve;

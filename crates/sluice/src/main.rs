@@ -1,0 +1,139 @@
+//! The `sluice` command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use sluice::config::{self, Overrides, UpstreamConfig};
+use sluice::{dev, serve};
+use tracing_subscriber::EnvFilter;
+
+/// sluice: a JSON-RPC edge node for Ethereum-style chains.
+#[derive(Parser)]
+#[command(name = "sluice", version, about)]
+struct Cli {
+    /// Log filter (tracing's EnvFilter syntax); RUST_LOG also works.
+    #[arg(long, global = true, env = "SLUICE_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve JSON-RPC over HTTP and WebSocket in front of upstream nodes.
+    Serve {
+        /// TOML configuration file.
+        #[arg(long, env = "SLUICE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Address to listen on, e.g. 127.0.0.1:8545.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Upstream node URL (http:// or ws://); repeatable.
+        #[arg(long = "upstream")]
+        upstreams: Vec<String>,
+    },
+    /// Start a local anvil devnet and serve in front of it (stops anvil on exit).
+    Dev {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8545")]
+        listen: SocketAddr,
+        /// Path to anvil (default: the project's .tools folder, then PATH).
+        #[arg(long)]
+        anvil: Option<PathBuf>,
+        /// Port for anvil (default: a free one).
+        #[arg(long)]
+        anvil_port: Option<u16>,
+        /// Mine a block every N seconds (default: when a transaction arrives).
+        #[arg(long)]
+        block_time: Option<u64>,
+    },
+    /// Configuration tools.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Check a configuration file; names the bad key and why.
+    Validate {
+        /// The TOML file.
+        file: PathBuf,
+    },
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cli.log));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli.command).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve {
+            config: file,
+            listen,
+            upstreams,
+        } => {
+            let config = config::load(file.as_deref(), &Overrides { listen, upstreams })?;
+            serve::run(config, serve::shutdown_signal()).await
+        }
+        Command::Dev {
+            listen,
+            anvil,
+            anvil_port,
+            block_time,
+        } => {
+            let anvil = dev::find_anvil(anvil.as_deref())?;
+            let port = match anvil_port {
+                Some(port) => port,
+                None => dev::free_port()?,
+            };
+            let mut child = dev::start_anvil(&anvil, port, block_time).await?;
+            let upstream = format!("http://127.0.0.1:{port}");
+            println!(
+                "anvil devnet on {upstream} (chain id 31337; {})",
+                anvil.display()
+            );
+            println!("funded dev account 0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266, key 0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80");
+            let mut config = config::load_layers(
+                None,
+                &Overrides {
+                    listen: Some(listen),
+                    upstreams: vec![],
+                },
+            )?;
+            config.upstreams = vec![UpstreamConfig::from_url(upstream)];
+            config.validate()?;
+            let result = serve::run(config, serve::shutdown_signal()).await;
+            let _ = child.kill().await;
+            println!("anvil stopped");
+            result
+        }
+        Command::Config {
+            action: ConfigAction::Validate { file },
+        } => {
+            let config = config::validate_file(&file)?;
+            println!(
+                "{}: ok ({} upstream(s), listen {})",
+                file.display(),
+                config.upstreams.len(),
+                config.listen
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! `sluice serve`: wires the configured upstream into the gateway and serves until a signal.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use sluice_gateway::{Gateway, Limits};
+use sluice_upstream::{HttpUpstream, HttpUpstreamConfig};
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+
+/// Binds the listener, prints where sluice listens, and serves until `shutdown` resolves.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let upstream = config
+        .upstreams
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("no upstream configured"))?;
+    if config.upstreams.len() > 1 {
+        tracing::warn!(
+            count = config.upstreams.len(),
+            "several upstreams configured; this version sends everything to the first one"
+        );
+    }
+    let (http_url, ws_url) = upstream.endpoints().map_err(anyhow::Error::msg)?;
+    let client = HttpUpstream::new(HttpUpstreamConfig {
+        name: upstream.name.clone().unwrap_or_else(|| "upstream-0".into()),
+        url: http_url.clone(),
+        timeout: upstream.timeout,
+        max_response_bytes: upstream.max_response_bytes,
+    })
+    .map_err(anyhow::Error::msg)?;
+    let gateway = Gateway::new(
+        Arc::new(client),
+        Some(ws_url),
+        upstream.timeout,
+        Limits::from(&config.limits),
+    );
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr()?;
+    // Printed on stdout, one line, for people and for scripts waiting on it.
+    println!("sluice listening on http://{addr} and ws://{addr} (upstream {http_url})");
+    tracing::info!(%addr, upstream = %http_url, "serving");
+    sluice_gateway::serve(listener, gateway, shutdown).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    tracing::info!("shutdown signal received; draining");
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what sluice's tests and `sluice dev` need, only when missing:
+#   - anvil and cast (pinned Foundry npm packages) into the git-ignored .tools/ folder;
+#   - node/npm from Debian when the machine has none (needs root, as on CI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FOUNDRY_VERSION=1.7.1
+TOOLS=.tools
+ANVIL="$TOOLS/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
+CAST="$TOOLS/node_modules/@foundry-rs/cast-linux-amd64/bin/cast"
+
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-tools: need root to apt-get install $*" >&2
+    exit 1
+  fi
+  if [ -z "${APT_UPDATED:-}" ]; then
+    apt-get update -qq
+    APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+
+installed_version() { "$1" --version 2>/dev/null | grep -o "$FOUNDRY_VERSION" | head -n1; }
+if [ ! -x "$ANVIL" ] || [ ! -x "$CAST" ] || [ "$(installed_version "$ANVIL")" != "$FOUNDRY_VERSION" ]; then
+  echo "install-tools: installing anvil and cast $FOUNDRY_VERSION into $TOOLS/"
+  mkdir -p "$TOOLS"
+  npm install --prefix "$TOOLS" --no-save --no-audit --no-fund --loglevel=error \
+    "@foundry-rs/anvil-linux-amd64@$FOUNDRY_VERSION" "@foundry-rs/cast-linux-amd64@$FOUNDRY_VERSION"
+fi
+"$ANVIL" --version | head -n1
