@@ -3,6 +3,8 @@
 //! * [`Anvil`]: a real anvil devnet from the project-local tools folder.
 //! * [`Sluice`]: the real `sluice` binary, started with arguments, its address read from stdout.
 //! * [`rpc`]: one JSON-RPC call or raw body over HTTP.
+//! * [`FakeUpstream`]: a fault-injecting fake node (hangs, garbage, slowness) — never used for
+//!   correct answers.
 //!
 //! Nothing here fakes a node. Missing tools fail loudly with the command that installs them.
 
@@ -13,6 +15,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+mod fake_upstream;
+pub use fake_upstream::{FakeUpstream, Fault};
 
 /// The workspace root (two levels above this crate).
 pub fn workspace_root() -> PathBuf {
@@ -112,9 +117,15 @@ impl Sluice {
     /// Runs `BIN ARGS…` (pass `env!("CARGO_BIN_EXE_sluice")`) and waits for its
     /// `sluice listening on http://ADDR` line.
     pub fn spawn(bin: &str, args: &[&str]) -> Self {
+        Self::spawn_env(bin, args, &[])
+    }
+
+    /// Like [`Sluice::spawn`], with extra environment variables for the child only.
+    pub fn spawn_env(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(bin)
             .args(args)
             .env("SLUICE_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

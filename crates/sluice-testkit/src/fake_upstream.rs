@@ -1,0 +1,127 @@
+//! A fault-injecting *fake* upstream, for failures a real node will not produce on demand:
+//! hanging, answering garbage, answering slowly. Correct answers always come from real anvil.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the fake upstream does with each request.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// Accepts the connection, reads the request, never answers.
+    Hang,
+    /// Answers with this HTTP status and body.
+    Garbage(u16, &'static str),
+    /// Answers `{"result":"0x1"}` with the request's id, after a delay.
+    Slow(Duration),
+}
+
+/// A fake upstream on a loopback port; stops when dropped.
+pub struct FakeUpstream {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    requests: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeUpstream {
+    /// Starts serving `fault` (call from inside a tokio runtime).
+    pub async fn spawn(fault: Fault) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counter = requests.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let fault = fault.clone();
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let _ = answer(stream, fault, counter).await;
+                });
+            }
+        });
+        Self {
+            url,
+            requests,
+            task,
+        }
+    }
+
+    /// How many requests arrived.
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FakeUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn answer(
+    mut stream: TcpStream,
+    fault: Fault,
+    counter: Arc<AtomicUsize>,
+) -> std::io::Result<()> {
+    let body = read_request(&mut stream).await?;
+    counter.fetch_add(1, Ordering::SeqCst);
+    let (status, payload) = match fault {
+        Fault::Hang => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            return Ok(());
+        }
+        Fault::Garbage(status, text) => (status, text.to_owned()),
+        Fault::Slow(delay) => {
+            tokio::time::sleep(delay).await;
+            let id = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .map(|v| v["id"].clone())
+                .unwrap_or_default();
+            (
+                200,
+                serde_json::json!({"jsonrpc": "2.0", "id": id, "result": "0x1"}).to_string(),
+            )
+        }
+    };
+    let head = format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        payload.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(payload.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// Reads one HTTP/1.1 request and returns its body.
+async fn read_request(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            let mut body = buf[end + 4..].to_vec();
+            while body.len() < length {
+                let n = stream.read(&mut chunk).await?;
+                if n == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..n]);
+            }
+            return Ok(body);
+        }
+    }
+}

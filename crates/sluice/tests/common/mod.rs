@@ -1,0 +1,152 @@
+//! Shared set-up for the integration tests: a real anvil with a small contract deployed, and the
+//! real sluice binary in front of it.
+#![allow(dead_code)]
+
+use serde_json::{json, Value};
+use sluice_testkit::{rpc_result, Anvil, Sluice};
+
+/// The sluice binary built by cargo for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// anvil's first funded account and its well-known key.
+pub const DEV_ACCOUNT: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
+/// Private key of [`DEV_ACCOUNT`].
+pub const DEV_KEY: &str = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
+
+/// Init code of a tiny hand-assembled contract. The constructor stores 42 in slot 0 and emits
+/// one log (topic 0xaa…aa). At run time a call with calldata returns slot 0; a call without
+/// calldata reverts with 42 as revert data.
+pub const CONTRACT_INIT: &str = concat!(
+    "602a600055",                                                         // SSTORE(0, 42)
+    "7faaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", // PUSH32 topic
+    "60006000a1",                                                         // LOG1(0, 0, topic)
+    "601b80603660003960 00f3", // CODECOPY + RETURN runtime
+    "361560105760005460005260206000f35b602a60005260206000fd", // runtime (27 bytes)
+);
+
+/// A devnet with the contract deployed, and sluice in front of it.
+pub struct Net {
+    pub anvil: Anvil,
+    pub sluice: Sluice,
+    pub client: reqwest::Client,
+    pub contract: String,
+    pub deploy_tx: String,
+    pub deploy_block: String,
+}
+
+impl Net {
+    /// Starts anvil, deploys the contract, starts sluice with `extra` arguments.
+    pub async fn start(extra: &[&str]) -> Net {
+        let anvil = Anvil::spawn();
+        let client = reqwest::Client::new();
+        let direct = anvil.http_url();
+        let data = format!("0x{}", CONTRACT_INIT.replace(' ', ""));
+        let deploy_tx = rpc_result(
+            &client,
+            &direct,
+            "eth_sendTransaction",
+            json!([{"from": DEV_ACCOUNT, "data": data}]),
+        )
+        .await
+        .as_str()
+        .expect("a tx hash")
+        .to_owned();
+        let receipt = wait_receipt(&client, &direct, &deploy_tx).await;
+        assert_eq!(receipt["status"], "0x1", "contract deployed: {receipt}");
+        let contract = receipt["contractAddress"]
+            .as_str()
+            .expect("contract address")
+            .to_owned();
+        let deploy_block = receipt["blockHash"]
+            .as_str()
+            .expect("block hash")
+            .to_owned();
+        let sluice = Sluice::serve(BIN, &direct, extra);
+        Net {
+            anvil,
+            sluice,
+            client,
+            contract,
+            deploy_tx,
+            deploy_block,
+        }
+    }
+
+    /// Sends the same raw body to sluice and to anvil; returns (through sluice, direct).
+    pub async fn both(&self, body: &str) -> (Value, Value) {
+        let via = sluice_testkit::post(&self.client, &self.sluice.http_url(), body.to_owned())
+            .await
+            .1;
+        let direct = sluice_testkit::post(&self.client, &self.anvil.http_url(), body.to_owned())
+            .await
+            .1;
+        (via, direct)
+    }
+
+    /// The request corpus: (method, params) covering reads at every tag, by hash, state,
+    /// calls (returning and reverting), gas, logs, transactions, receipts, fee history, an
+    /// unknown method and invalid params.
+    pub fn corpus(&self) -> Vec<(&'static str, Value)> {
+        let c = &self.contract;
+        let mut corpus = vec![
+            ("eth_chainId", json!([])),
+            ("eth_blockNumber", json!([])),
+            ("eth_getBlockByHash", json!([self.deploy_block, true])),
+            ("eth_getBlockByHash", json!([self.deploy_block, false])),
+            ("eth_getBalance", json!([DEV_ACCOUNT, "latest"])),
+            ("eth_getTransactionCount", json!([DEV_ACCOUNT, "latest"])),
+            ("eth_getCode", json!([c, "latest"])),
+            ("eth_getStorageAt", json!([c, "0x0", "latest"])),
+            ("eth_call", json!([{"to": c, "data": "0x01"}, "latest"])),
+            ("eth_call", json!([{"to": c}, "latest"])),
+            (
+                "eth_estimateGas",
+                json!([{"from": DEV_ACCOUNT, "to": c, "data": "0x01"}]),
+            ),
+            (
+                "eth_getLogs",
+                json!([{"fromBlock": "0x0", "toBlock": "latest"}]),
+            ),
+            (
+                "eth_getLogs",
+                json!([{"fromBlock": "0x0", "toBlock": "latest", "address": c}]),
+            ),
+            ("eth_getTransactionByHash", json!([self.deploy_tx])),
+            ("eth_getTransactionReceipt", json!([self.deploy_tx])),
+            ("eth_feeHistory", json!(["0x2", "latest", [25, 75]])),
+            ("eth_getBlockByNumber", json!(["0xffff", false])),
+            ("eth_doesNotExist", json!([])),
+            ("eth_getBalance", json!(["not-an-address", "latest"])),
+        ];
+        for tag in [
+            "latest",
+            "earliest",
+            "pending",
+            "safe",
+            "finalized",
+            "0x1",
+            "0x0",
+        ] {
+            corpus.push(("eth_getBlockByNumber", json!([tag, false])));
+            corpus.push(("eth_getBlockByNumber", json!([tag, true])));
+        }
+        corpus
+    }
+}
+
+/// A request body for one call.
+pub fn call(id: Value, method: &str, params: &Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// Polls for a transaction's receipt (anvil mines right after the send returns).
+pub async fn wait_receipt(client: &reqwest::Client, url: &str, tx: &str) -> Value {
+    for _ in 0..200 {
+        let receipt = rpc_result(client, url, "eth_getTransactionReceipt", json!([tx])).await;
+        if !receipt.is_null() {
+            return receipt;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("no receipt for {tx} after 2 s");
+}
