@@ -132,10 +132,20 @@ async fn upgrade(
         )
             .into_response();
     };
+    let Ok(permit) = state.gateway.sessions.clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many WebSocket sessions\n",
+        )
+            .into_response();
+    };
     let limit = state.gateway.limits.max_body_bytes;
     ws.max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(move |socket| ws::session(socket, state.gateway, state.shutdown))
+        .on_upgrade(move |socket| async move {
+            ws::session(socket, state.gateway, state.shutdown).await;
+            drop(permit);
+        })
 }
 
 /// Ready when an upstream answers `eth_chainId` within two seconds.

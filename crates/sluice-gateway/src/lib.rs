@@ -66,6 +66,9 @@ pub struct Gateway {
     pub limits: Limits,
     /// Renders `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Open WebSocket sessions, bounded by `limits.max_connections` (an upgraded connection
+    /// leaves the HTTP connection count, so it is counted here instead).
+    pub sessions: Arc<tokio::sync::Semaphore>,
 }
 
 impl Gateway {
@@ -78,6 +81,7 @@ impl Gateway {
     ) -> Arc<Self> {
         Arc::new(Self {
             pipeline: Pipeline::new(upstreams, limits.max_batch_len),
+            sessions: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
             subscription_url,
             upstream_timeout,
             limits,

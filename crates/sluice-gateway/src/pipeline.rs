@@ -184,3 +184,122 @@ fn outcome_label(result: &Result<Outcome, UpstreamError>) -> &'static str {
         Err(e) => e.kind(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use sluice_jsonrpc::RawValue;
+
+    use super::*;
+
+    /// A fake upstream (no I/O): answers each call with its method name and records the batches.
+    #[derive(Default)]
+    struct EchoUpstream {
+        batches: Mutex<Vec<Vec<String>>>,
+        fail: bool,
+    }
+
+    #[async_trait]
+    impl Upstreams for EchoUpstream {
+        async fn call(&self, req: &Request) -> Result<Outcome, UpstreamError> {
+            self.call_batch(&[req]).await.remove(0)
+        }
+
+        async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
+            self.batches
+                .lock()
+                .unwrap()
+                .push(reqs.iter().map(|r| r.method.clone()).collect());
+            reqs.iter()
+                .map(|r| {
+                    if self.fail {
+                        return Err(UpstreamError::Unreachable);
+                    }
+                    Ok(Outcome::Result(
+                        RawValue::from_string(format!("\"{}\"", r.method)).unwrap(),
+                    ))
+                })
+                .collect()
+        }
+    }
+
+    fn pipeline(upstream: Arc<EchoUpstream>) -> Pipeline {
+        Pipeline::new(upstream, 100)
+    }
+
+    async fn answer(p: &Pipeline, body: &str) -> (serde_json::Value, ServedBy) {
+        let reply = p.handle(body.as_bytes()).await;
+        let json = reply.body.map_or(serde_json::Value::Null, |b| {
+            serde_json::from_slice(&b).unwrap()
+        });
+        (json, reply.served_by)
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_one_upstream_call_answered_in_order() {
+        let upstream = Arc::new(EchoUpstream::default());
+        let p = pipeline(upstream.clone());
+        let body = r#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"note"},7,
+                      {"jsonrpc":"2.0","id":"x","method":"eth_subscribe"},{"jsonrpc":"2.0","id":2,"method":"b"}]"#;
+        let (json, served_by) = answer(&p, body).await;
+        let ids: Vec<_> = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].clone())
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                serde_json::json!(1),
+                serde_json::Value::Null,
+                serde_json::json!("x"),
+                serde_json::json!(2)
+            ]
+        );
+        assert_eq!(json[0]["result"], "a");
+        assert_eq!(json[1]["error"]["code"], -32600);
+        assert_eq!(json[2]["error"]["code"], -32601);
+        assert_eq!(json[3]["result"], "b");
+        assert_eq!(served_by, ServedBy::Mixed);
+        assert_eq!(
+            *upstream.batches.lock().unwrap(),
+            [vec!["a", "note", "b"]],
+            "notifications still run"
+        );
+    }
+
+    #[tokio::test]
+    async fn only_notifications_means_no_body() {
+        let upstream = Arc::new(EchoUpstream::default());
+        let (json, served_by) = answer(
+            &pipeline(upstream.clone()),
+            r#"{"jsonrpc":"2.0","method":"n"}"#,
+        )
+        .await;
+        assert_eq!(
+            (json, served_by),
+            (serde_json::Value::Null, ServedBy::Upstream)
+        );
+        assert_eq!(upstream.batches.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn upstream_failures_become_errors_per_call() {
+        let upstream = Arc::new(EchoUpstream {
+            fail: true,
+            ..Default::default()
+        });
+        let (json, _) = answer(
+            &pipeline(upstream),
+            r#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","id":2,"method":"b"}]"#,
+        )
+        .await;
+        for item in json.as_array().unwrap() {
+            assert_eq!(item["error"]["code"], -32002);
+            assert_eq!(item["error"]["message"], "upstream unreachable");
+        }
+    }
+}

@@ -19,6 +19,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let limits = gateway.limits.clone();
+    let upkeep = crate::telemetry::spawn_upkeep(gateway.metrics.clone());
     let (stop, stopping) = watch::channel(false);
     let app = http::router(gateway, stopping.clone());
     let mut builder = http1::Builder::new();
@@ -81,4 +82,5 @@ pub async fn serve(
     {
         tracing::warn!("shutdown grace period over; dropping remaining connections");
     }
+    upkeep.abort();
 }

@@ -36,6 +36,18 @@ pub fn prometheus() -> PrometheusHandle {
         .clone()
 }
 
+/// Folds recorded histogram samples into their buckets every few seconds. Without it the
+/// exporter keeps every sample until `/metrics` is scraped, so memory would grow with traffic.
+pub fn spawn_upkeep(handle: PrometheusHandle) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    })
+}
+
 /// Methods reported under their own name; anything else is `other`, so hostile clients cannot
 /// grow the label set without bound.
 const KNOWN_METHODS: &[&str] = &[

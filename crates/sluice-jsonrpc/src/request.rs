@@ -106,7 +106,7 @@ pub enum Incoming {
 /// Parses a request body. Errors that concern the whole body (not JSON, empty batch, batch
 /// longer than `max_batch`) are returned as `Err` and answered once with a `null` id.
 pub fn parse_body(body: &[u8], max_batch: usize) -> Result<Incoming, ErrorObject> {
-    let text = std::str::from_utf8(body).map_err(|e| ErrorObject::parse_error(e))?;
+    let text = std::str::from_utf8(body).map_err(ErrorObject::parse_error)?;
     // One pass validates the whole document; elements are then read from borrowed slices.
     let doc: &RawValue = serde_json::from_str(text).map_err(ErrorObject::parse_error)?;
     let doc_text = doc.get();
@@ -252,7 +252,7 @@ mod tests {
         );
         let big = format!(
             "[{}]",
-            vec![r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#; 11].join(",")
+            [r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#; 11].join(",")
         );
         assert_eq!(
             parse_body(big.as_bytes(), 10).unwrap_err().code,

@@ -134,7 +134,7 @@ mod tests {
             outcome: ErrorObject::new(-32600, "bad").into(),
         };
         assert_eq!(
-            String::from_utf8(write_responses(false, &[ok.clone()])).unwrap(),
+            String::from_utf8(write_responses(false, std::slice::from_ref(&ok))).unwrap(),
             r#"{"jsonrpc":"2.0","id":1,"result":null}"#
         );
         assert_eq!(

@@ -109,8 +109,10 @@ fn wait_for_port(port: u16, within: Duration) {
 /// The real `sluice` binary, killed on drop.
 pub struct Sluice {
     child: Child,
-    /// Where it listens, read from its first line on stdout.
+    /// Where it listens, read from its `sluice listening on` line on stdout.
     pub addr: String,
+    /// The lines it printed before that one.
+    pub preamble: Vec<String>,
 }
 
 impl Sluice {
@@ -132,6 +134,7 @@ impl Sluice {
             .expect("sluice starts");
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(stdout).lines();
+        let mut preamble = Vec::new();
         let addr = loop {
             let line = lines
                 .next()
@@ -144,10 +147,15 @@ impl Sluice {
                     .expect("an address")
                     .to_owned();
             }
+            preamble.push(line);
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Sluice { child, addr }
+        Sluice {
+            child,
+            addr,
+            preamble,
+        }
     }
 
     /// Starts `sluice serve` on a free port in front of `upstream`, with extra arguments.
@@ -167,9 +175,13 @@ impl Sluice {
         format!("ws://{}", self.addr)
     }
 
-    /// The process id (for signals).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    /// Sends SIGTERM, as an operator or a service manager would.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM failed");
     }
 
     /// Waits for the process to exit by itself, up to `within`.
@@ -228,4 +240,18 @@ pub async fn rpc_result(client: &reqwest::Client, url: &str, method: &str, param
     let answer = rpc(client, url, method, params).await;
     assert!(answer.get("error").is_none(), "{method} failed: {answer}");
     answer["result"].clone()
+}
+
+/// Reads one sample of a Prometheus metric from `/metrics` (the line starting with `series`).
+pub async fn metric(client: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }

@@ -95,6 +95,8 @@ async fn run<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
+    // Open upstream sockets, so operators (and tests) can see subscriptions being released.
+    metrics::gauge!("sluice_upstream_sockets").increment(1.0);
     let (mut sink, mut stream) = socket.split();
     let mut pending: HashMap<u64, Pending> = HashMap::new();
     let mut next_id = 1u64;
@@ -144,4 +146,5 @@ async fn run<S>(
         let _ = reply.send(Err(UpstreamError::Unreachable));
     }
     let _ = sink.close().await;
+    metrics::gauge!("sluice_upstream_sockets").decrement(1.0);
 }

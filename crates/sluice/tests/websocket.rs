@@ -1,0 +1,217 @@
+//! WebSocket: calls, and subscriptions relayed from anvil with per-client ids.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Net, BIN, CONTRACT_INIT, DEV_ACCOUNT};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use sluice_testkit::{metric, rpc_result, Anvil, Sluice};
+use tokio_tungstenite::tungstenite::Message;
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connect(url: &str) -> Socket {
+    tokio_tungstenite::connect_async(url)
+        .await
+        .expect("websocket connects")
+        .0
+}
+
+async fn send(ws: &mut Socket, body: Value) {
+    ws.send(Message::text(body.to_string()))
+        .await
+        .expect("sent");
+}
+
+/// The next JSON message, within two seconds.
+async fn next(ws: &mut Socket) -> Value {
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(2), ws.next())
+            .await
+            .expect("a message within 2 s")
+            .expect("socket open")
+            .expect("message ok");
+        if let Message::Text(text) = message {
+            return serde_json::from_str(&text).expect("JSON");
+        }
+    }
+}
+
+async fn subscribe(ws: &mut Socket, id: u64, params: Value) -> String {
+    send(
+        ws,
+        json!({"jsonrpc": "2.0", "id": id, "method": "eth_subscribe", "params": params}),
+    )
+    .await;
+    let answer = next(ws).await;
+    assert_eq!(answer["id"], id, "{answer}");
+    answer["result"]
+        .as_str()
+        .unwrap_or_else(|| panic!("subscribed: {answer}"))
+        .to_owned()
+}
+
+async fn mine(net: &Net) {
+    rpc_result(&net.client, &net.anvil.http_url(), "evm_mine", json!([])).await;
+}
+
+#[tokio::test]
+async fn new_heads_arrive_through_sluice_with_the_clients_own_id() {
+    let net = Net::start(&[]).await;
+    let mut ws = connect(&net.sluice.ws_url()).await;
+    let sub = subscribe(&mut ws, 1, json!(["newHeads"])).await;
+    assert!(sub.starts_with("0x") && sub.len() == 34, "{sub}");
+    for _ in 0..3 {
+        mine(&net).await;
+        let event = next(&mut ws).await;
+        assert_eq!(event["method"], "eth_subscription");
+        assert_eq!(event["params"]["subscription"], sub.as_str());
+        let number = event["params"]["result"]["number"].clone();
+        let block = rpc_result(
+            &net.client,
+            &net.anvil.http_url(),
+            "eth_getBlockByNumber",
+            json!([number, false]),
+        )
+        .await;
+        assert_eq!(event["params"]["result"]["hash"], block["hash"]);
+    }
+}
+
+#[tokio::test]
+async fn logs_subscription_and_calls_share_one_socket() {
+    let net = Net::start(&[]).await;
+    let mut ws = connect(&net.sluice.ws_url()).await;
+    let sub = subscribe(&mut ws, 7, json!(["logs", {}])).await;
+    send(&mut ws, json!([{"jsonrpc": "2.0", "id": "a", "method": "eth_chainId"}, {"jsonrpc": "2.0", "id": "b", "method": "eth_blockNumber"}])).await;
+    let batch = next(&mut ws).await;
+    assert_eq!(batch[0]["result"], "0x7a69", "{batch}");
+    assert_eq!(batch[1]["id"], "b");
+    // Deploying the contract emits one log.
+    let data = format!("0x{}", CONTRACT_INIT.replace(' ', ""));
+    rpc_result(
+        &net.client,
+        &net.anvil.http_url(),
+        "eth_sendTransaction",
+        json!([{"from": DEV_ACCOUNT, "data": data}]),
+    )
+    .await;
+    let event = next(&mut ws).await;
+    assert_eq!(event["params"]["subscription"], sub.as_str());
+    assert_eq!(
+        event["params"]["result"]["topics"][0],
+        format!("0x{}", "aa".repeat(32))
+    );
+}
+
+#[tokio::test]
+async fn two_clients_get_their_own_ids_and_unsubscribe_stops_events() {
+    let net = Net::start(&[]).await;
+    let mut a = connect(&net.sluice.ws_url()).await;
+    let mut b = connect(&net.sluice.ws_url()).await;
+    let sub_a = subscribe(&mut a, 1, json!(["newHeads"])).await;
+    let sub_b = subscribe(&mut b, 1, json!(["newHeads"])).await;
+    assert_ne!(sub_a, sub_b);
+    mine(&net).await;
+    assert_eq!(next(&mut a).await["params"]["subscription"], sub_a.as_str());
+    assert_eq!(next(&mut b).await["params"]["subscription"], sub_b.as_str());
+    // A client cannot cancel another's subscription.
+    send(
+        &mut a,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "eth_unsubscribe", "params": [sub_b]}),
+    )
+    .await;
+    assert_eq!(next(&mut a).await["result"], false);
+    send(
+        &mut a,
+        json!({"jsonrpc": "2.0", "id": 3, "method": "eth_unsubscribe", "params": [sub_a]}),
+    )
+    .await;
+    assert_eq!(next(&mut a).await["result"], true);
+    mine(&net).await;
+    assert_eq!(
+        next(&mut b).await["params"]["subscription"],
+        sub_b.as_str(),
+        "b still subscribed"
+    );
+    send(
+        &mut a,
+        json!({"jsonrpc": "2.0", "id": 4, "method": "eth_chainId"}),
+    )
+    .await;
+    assert_eq!(
+        next(&mut a).await["id"],
+        4,
+        "no event reached a after it unsubscribed"
+    );
+}
+
+#[tokio::test]
+async fn bad_messages_get_errors_and_the_socket_stays_open() {
+    let net = Net::start(&[]).await;
+    let mut ws = connect(&net.sluice.ws_url()).await;
+    ws.send(Message::text("{nope")).await.unwrap();
+    assert_eq!(next(&mut ws).await["error"]["code"], -32700);
+    send(
+        &mut ws,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "eth_unsubscribe", "params": "x"}),
+    )
+    .await;
+    assert_eq!(next(&mut ws).await["error"]["code"], -32600);
+    send(
+        &mut ws,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "eth_unsubscribe", "params": [1]}),
+    )
+    .await;
+    assert_eq!(next(&mut ws).await["error"]["code"], -32602);
+    send(
+        &mut ws,
+        json!({"jsonrpc": "2.0", "id": 3, "method": "eth_chainId"}),
+    )
+    .await;
+    assert_eq!(next(&mut ws).await["result"], "0x7a69");
+}
+
+#[tokio::test]
+async fn a_client_leaving_releases_its_upstream_socket() {
+    let net = Net::start(&[]).await;
+    let base = net.sluice.http_url();
+    let gauge = "sluice_upstream_sockets ";
+    let mut ws = connect(&net.sluice.ws_url()).await;
+    subscribe(&mut ws, 1, json!(["newHeads"])).await;
+    assert_eq!(metric(&net.client, &base, gauge).await, Some(1.0));
+    drop(ws);
+    let mut released = false;
+    for _ in 0..100 {
+        if metric(&net.client, &base, gauge).await == Some(0.0) {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(released, "upstream socket closed after the client left");
+}
+
+#[tokio::test]
+async fn a_dying_upstream_closes_the_client_with_1011() {
+    let anvil = Anvil::spawn();
+    let sluice = Sluice::serve(BIN, &anvil.http_url(), &["--log", "error"]);
+    let mut ws = connect(&sluice.ws_url()).await;
+    subscribe(&mut ws, 1, json!(["newHeads"])).await;
+    drop(anvil);
+    let close = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
+                Some(Ok(_)) => continue,
+                _ => return None,
+            }
+        }
+    })
+    .await
+    .expect("closed within 5 s");
+    assert_eq!(close, Some(1011));
+}
