@@ -3,10 +3,9 @@
 use std::sync::Arc;
 
 use sluice_jsonrpc::{
-    codes, parse_body, write_responses, ErrorObject, Id, Incoming, Invalid, Outcome, Request,
-    Response,
+    codes, parse_body, write_responses, ErrorObject, Id, Incoming, Invalid, Outcome, Request, Response,
 };
-use sluice_upstream::{UpstreamError, Upstreams};
+use sluice_upstream::{Answer, Source, UpstreamError, Upstreams};
 
 use crate::route::{route, Route};
 use crate::telemetry;
@@ -14,30 +13,30 @@ use crate::telemetry;
 /// What answered a request, reported in the `x-sluice-served-by` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServedBy {
-    /// sluice answered alone (errors, local methods).
-    Local,
-    /// Every answer came from an upstream node.
-    Upstream,
-    /// A batch answered partly locally, partly upstream.
+    /// Every call was answered from the same place.
+    Only(Source),
+    /// A batch answered from several places.
     Mixed,
 }
 
 impl ServedBy {
+    /// Answered by sluice alone.
+    pub const LOCAL: ServedBy = ServedBy::Only(Source::Local);
+
     /// The header value.
     pub fn as_str(self) -> &'static str {
         match self {
-            ServedBy::Local => "local",
-            ServedBy::Upstream => "upstream",
+            ServedBy::Only(source) => source.as_str(),
             ServedBy::Mixed => "mixed",
         }
     }
 
-    fn join(self, other: ServedBy) -> ServedBy {
-        if self == other {
-            self
-        } else {
-            ServedBy::Mixed
-        }
+    fn join(this: Option<ServedBy>, source: Source) -> Option<ServedBy> {
+        Some(match this {
+            None => ServedBy::Only(source),
+            Some(ServedBy::Only(s)) if s == source => ServedBy::Only(s),
+            Some(_) => ServedBy::Mixed,
+        })
     }
 }
 
@@ -59,10 +58,7 @@ pub struct Pipeline {
 impl Pipeline {
     /// A pipeline over `upstreams` that refuses batches longer than `max_batch_len`.
     pub fn new(upstreams: Arc<dyn Upstreams>, max_batch_len: usize) -> Self {
-        Self {
-            upstreams,
-            max_batch_len,
-        }
+        Self { upstreams, max_batch_len }
     }
 
     /// The upstreams calls go to (for readiness checks).
@@ -74,14 +70,7 @@ impl Pipeline {
     pub async fn handle(&self, body: &[u8]) -> Reply {
         match parse_body(body, self.max_batch_len) {
             Err(e) => {
-                telemetry::count_call(
-                    "",
-                    if e.code == codes::PARSE_ERROR {
-                        "parse_error"
-                    } else {
-                        "invalid"
-                    },
-                );
+                telemetry::count_call("", if e.code == codes::PARSE_ERROR { "parse_error" } else { "invalid" });
                 Reply::local_error(e)
             }
             Ok(Incoming::Single(item)) => self.answer(vec![item], false).await,
@@ -125,14 +114,10 @@ impl Pipeline {
             }
         }
         if forward.len() < items.len() {
-            served_by = Some(ServedBy::Local);
+            served_by = ServedBy::join(served_by, Source::Local);
         }
         if !forward.is_empty() {
-            served_by = Some(served_by.map_or(ServedBy::Upstream, |s| s.join(ServedBy::Upstream)));
-            let calls: Vec<&Request> = forward
-                .iter()
-                .filter_map(|&i| items[i].as_ref().ok())
-                .collect();
+            let calls: Vec<&Request> = forward.iter().filter_map(|&i| items[i].as_ref().ok()).collect();
             let results = if calls.len() == 1 {
                 vec![self.upstreams.call(calls[0]).await]
             } else {
@@ -140,9 +125,12 @@ impl Pipeline {
             };
             for ((&i, req), result) in forward.iter().zip(&calls).zip(results) {
                 telemetry::count_call(&req.method, outcome_label(&result));
-                slots[i] = Some(
-                    result.unwrap_or_else(|e: UpstreamError| Outcome::error(&e.to_error_object())),
-                );
+                let (outcome, source) = match result {
+                    Ok(Answer { outcome, source }) => (outcome, source),
+                    Err(e) => (Outcome::error(&e.to_error_object()), Source::Upstream),
+                };
+                served_by = ServedBy::join(served_by, source);
+                slots[i] = Some(outcome);
             }
         }
         let responses: Vec<Response> = items
@@ -153,34 +141,25 @@ impl Pipeline {
                     Ok(req) => req.id?,
                     Err((id, _)) => id,
                 };
-                Some(Response {
-                    id,
-                    outcome: outcome?,
-                })
+                Some(Response { id, outcome: outcome? })
             })
             .collect();
-        (responses, served_by.unwrap_or(ServedBy::Local))
+        (responses, served_by.unwrap_or(ServedBy::LOCAL))
     }
 }
 
 impl Reply {
     /// A single error answer with a `null` id, for bodies that could not be read at all.
     pub fn local_error(e: ErrorObject) -> Self {
-        let response = Response {
-            id: Id::null(),
-            outcome: e.into(),
-        };
-        Reply {
-            body: Some(write_responses(false, &[response])),
-            served_by: ServedBy::Local,
-        }
+        let response = Response { id: Id::null(), outcome: e.into() };
+        Reply { body: Some(write_responses(false, &[response])), served_by: ServedBy::LOCAL }
     }
 }
 
-fn outcome_label(result: &Result<Outcome, UpstreamError>) -> &'static str {
+fn outcome_label(result: &Result<Answer, UpstreamError>) -> &'static str {
     match result {
-        Ok(Outcome::Result(_)) => "ok",
-        Ok(Outcome::Error(_)) => "rpc_error",
+        Ok(Answer { outcome: Outcome::Result(_), .. }) => "ok",
+        Ok(Answer { outcome: Outcome::Error(_), .. }) => "rpc_error",
         Err(e) => e.kind(),
     }
 }
@@ -203,23 +182,18 @@ mod tests {
 
     #[async_trait]
     impl Upstreams for EchoUpstream {
-        async fn call(&self, req: &Request) -> Result<Outcome, UpstreamError> {
+        async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
             self.call_batch(&[req]).await.remove(0)
         }
 
-        async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
-            self.batches
-                .lock()
-                .unwrap()
-                .push(reqs.iter().map(|r| r.method.clone()).collect());
+        async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
+            self.batches.lock().unwrap().push(reqs.iter().map(|r| r.method.clone()).collect());
             reqs.iter()
                 .map(|r| {
                     if self.fail {
                         return Err(UpstreamError::Unreachable);
                     }
-                    Ok(Outcome::Result(
-                        RawValue::from_string(format!("\"{}\"", r.method)).unwrap(),
-                    ))
+                    Ok(Answer::upstream(Outcome::Result(RawValue::from_string(format!("\"{}\"", r.method)).unwrap())))
                 })
                 .collect()
         }
@@ -231,9 +205,7 @@ mod tests {
 
     async fn answer(p: &Pipeline, body: &str) -> (serde_json::Value, ServedBy) {
         let reply = p.handle(body.as_bytes()).await;
-        let json = reply.body.map_or(serde_json::Value::Null, |b| {
-            serde_json::from_slice(&b).unwrap()
-        });
+        let json = reply.body.map_or(serde_json::Value::Null, |b| serde_json::from_slice(&b).unwrap());
         (json, reply.served_by)
     }
 
@@ -244,54 +216,27 @@ mod tests {
         let body = r#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"note"},7,
                       {"jsonrpc":"2.0","id":"x","method":"eth_subscribe"},{"jsonrpc":"2.0","id":2,"method":"b"}]"#;
         let (json, served_by) = answer(&p, body).await;
-        let ids: Vec<_> = json
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a["id"].clone())
-            .collect();
-        assert_eq!(
-            ids,
-            [
-                serde_json::json!(1),
-                serde_json::Value::Null,
-                serde_json::json!("x"),
-                serde_json::json!(2)
-            ]
-        );
+        let ids: Vec<_> = json.as_array().unwrap().iter().map(|a| a["id"].clone()).collect();
+        assert_eq!(ids, [serde_json::json!(1), serde_json::Value::Null, serde_json::json!("x"), serde_json::json!(2)]);
         assert_eq!(json[0]["result"], "a");
         assert_eq!(json[1]["error"]["code"], -32600);
         assert_eq!(json[2]["error"]["code"], -32601);
         assert_eq!(json[3]["result"], "b");
         assert_eq!(served_by, ServedBy::Mixed);
-        assert_eq!(
-            *upstream.batches.lock().unwrap(),
-            [vec!["a", "note", "b"]],
-            "notifications still run"
-        );
+        assert_eq!(*upstream.batches.lock().unwrap(), [vec!["a", "note", "b"]], "notifications still run");
     }
 
     #[tokio::test]
     async fn only_notifications_means_no_body() {
         let upstream = Arc::new(EchoUpstream::default());
-        let (json, served_by) = answer(
-            &pipeline(upstream.clone()),
-            r#"{"jsonrpc":"2.0","method":"n"}"#,
-        )
-        .await;
-        assert_eq!(
-            (json, served_by),
-            (serde_json::Value::Null, ServedBy::Upstream)
-        );
+        let (json, served_by) = answer(&pipeline(upstream.clone()), r#"{"jsonrpc":"2.0","method":"n"}"#).await;
+        assert_eq!((json, served_by), (serde_json::Value::Null, ServedBy::Only(Source::Upstream)));
         assert_eq!(upstream.batches.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]
     async fn upstream_failures_become_errors_per_call() {
-        let upstream = Arc::new(EchoUpstream {
-            fail: true,
-            ..Default::default()
-        });
+        let upstream = Arc::new(EchoUpstream { fail: true, ..Default::default() });
         let (json, _) = answer(
             &pipeline(upstream),
             r#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","id":2,"method":"b"}]"#,

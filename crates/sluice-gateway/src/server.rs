@@ -13,21 +13,14 @@ use crate::{http, Gateway};
 
 /// Serves `gateway` on `listener` until `shutdown` resolves, then stops accepting, closes
 /// WebSocket sessions and gives in-flight requests `limits.shutdown_grace` to finish.
-pub async fn serve(
-    listener: TcpListener,
-    gateway: Arc<Gateway>,
-    shutdown: impl Future<Output = ()>,
-) {
+pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl Future<Output = ()>) {
     let limits = gateway.limits.clone();
     let upkeep = crate::telemetry::spawn_upkeep(gateway.metrics.clone());
     let (stop, stopping) = watch::channel(false);
     let app = http::router(gateway, stopping.clone());
     let mut builder = http1::Builder::new();
     // Slow or silent clients: headers must arrive within the client timeout.
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.client_timeout)
-        .keep_alive(true);
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.client_timeout).keep_alive(true);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     tokio::pin!(shutdown);
     loop {
@@ -52,9 +45,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .with_upgrades();
+        let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
         let mut stopping = stopping.clone();
         tokio::spawn(async move {
             let mut connection = std::pin::pin!(connection);
@@ -76,10 +67,7 @@ pub async fn serve(
     let _ = stop.send(true);
     // Every open connection holds a permit: having them all back means everything drained.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    if tokio::time::timeout(limits.shutdown_grace, connections.acquire_many(all))
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(limits.shutdown_grace, connections.acquire_many(all)).await.is_err() {
         tracing::warn!("shutdown grace period over; dropping remaining connections");
     }
     upkeep.abort();

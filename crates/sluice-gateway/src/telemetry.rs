@@ -12,10 +12,8 @@ use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-const LATENCY_BUCKETS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    5.0, 10.0, 30.0,
-];
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 /// Installs the process-wide Prometheus recorder once and returns its handle.
 pub fn prometheus() -> PrometheusHandle {
@@ -29,9 +27,7 @@ pub fn prometheus() -> PrometheusHandle {
             };
             // Another recorder may already be installed (an embedding program): then keep an
             // uninstalled one so /metrics still answers, empty.
-            builder()
-                .install_recorder()
-                .unwrap_or_else(|_| builder().build_recorder().handle())
+            builder().install_recorder().unwrap_or_else(|_| builder().build_recorder().handle())
         })
         .clone()
 }
@@ -115,11 +111,7 @@ pub fn method_label(method: &str) -> &'static str {
     if method.is_empty() {
         return "none";
     }
-    KNOWN_METHODS
-        .iter()
-        .find(|&&m| m == method)
-        .copied()
-        .unwrap_or("other")
+    KNOWN_METHODS.iter().find(|&&m| m == method).copied().unwrap_or("other")
 }
 
 /// Counts one call.
@@ -137,10 +129,7 @@ impl InFlight {
     /// Starts tracking a body that arrived on `transport` (`http` or `ws`).
     pub fn start(transport: &'static str) -> Self {
         metrics::gauge!("sluice_requests_in_flight", "transport" => transport).increment(1.0);
-        Self {
-            transport,
-            started: std::time::Instant::now(),
-        }
+        Self { transport, started: std::time::Instant::now() }
     }
 }
 

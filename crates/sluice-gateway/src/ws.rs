@@ -14,8 +14,7 @@ use std::sync::Arc;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 use sluice_jsonrpc::{
-    codes, parse_body, write_responses, ErrorObject, Incoming, Invalid, Outcome, RawValue, Request,
-    Response,
+    codes, parse_body, write_responses, ErrorObject, Incoming, Invalid, Outcome, RawValue, Request, Response,
 };
 use sluice_upstream::{Notification, UpstreamSocket};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -31,11 +30,7 @@ const OUTBOX: usize = 1024;
 const CALLS_PER_SOCKET: usize = 64;
 
 /// Runs one client session until either side closes or the server stops.
-pub async fn session(
-    socket: WebSocket,
-    gateway: Arc<Gateway>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn session(socket: WebSocket, gateway: Arc<Gateway>, mut shutdown: watch::Receiver<bool>) {
     metrics::gauge!("sluice_websocket_sessions").increment(1.0);
     let (mut sink, mut stream) = socket.split();
     let (outbox, mut outbox_rx) = mpsc::channel::<Message>(OUTBOX);
@@ -77,13 +72,7 @@ pub async fn session(
     };
     session.subscriptions.close().await;
     if let Some((code, reason)) = close {
-        let _ = session
-            .outbox
-            .send(Message::Close(Some(CloseFrame {
-                code,
-                reason: reason.into(),
-            })))
-            .await;
+        let _ = session.outbox.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
     }
     drop(session);
     let _ = writer.await;
@@ -104,9 +93,7 @@ impl Session {
             Ok(Incoming::Single(item)) => (vec![item], false),
             Ok(Incoming::Batch(items)) => (items, true),
         };
-        let has_subscription = items
-            .iter()
-            .any(|i| i.as_ref().is_ok_and(|r| is_subscription_method(&r.method)));
+        let has_subscription = items.iter().any(|i| i.as_ref().is_ok_and(|r| is_subscription_method(&r.method)));
         if has_subscription {
             // Subscriptions change this session's state: answer such a body in order, here.
             let mut responses = Vec::with_capacity(items.len());
@@ -114,10 +101,7 @@ impl Session {
                 responses.extend(self.answer_one(item).await);
             }
             if !responses.is_empty() {
-                let _ = self
-                    .outbox
-                    .send(text(write_responses(batch, &responses)))
-                    .await;
+                let _ = self.outbox.send(text(write_responses(batch, &responses))).await;
             }
             return;
         }
@@ -141,23 +125,10 @@ impl Session {
             Ok(req) if is_subscription_method(&req.method) => req,
             other => return self.gateway.pipeline.answer_responses(vec![other]).await,
         };
-        let outcome = if req.method == "eth_subscribe" {
-            self.subscribe(&req).await
-        } else {
-            self.unsubscribe(&req).await
-        };
-        telemetry::count_call(
-            &req.method,
-            if outcome.is_error() {
-                "rpc_error"
-            } else {
-                "ok"
-            },
-        );
-        req.id
-            .map(|id| Response { id, outcome })
-            .into_iter()
-            .collect()
+        let outcome =
+            if req.method == "eth_subscribe" { self.subscribe(&req).await } else { self.unsubscribe(&req).await };
+        telemetry::count_call(&req.method, if outcome.is_error() { "rpc_error" } else { "ok" });
+        req.id.map(|id| Response { id, outcome }).into_iter().collect()
     }
 
     async fn subscribe(&mut self, req: &Request) -> Outcome {
@@ -170,11 +141,8 @@ impl Session {
             .into();
         }
         let Some(url) = self.gateway.subscription_url.as_deref() else {
-            return ErrorObject::new(
-                codes::METHOD_NOT_FOUND,
-                "subscriptions are not available: no upstream WebSocket",
-            )
-            .into();
+            return ErrorObject::new(codes::METHOD_NOT_FOUND, "subscriptions are not available: no upstream WebSocket")
+                .into();
         };
         if self.subscriptions.upstream.is_none() {
             match UpstreamSocket::connect(url, self.gateway.upstream_timeout).await {
@@ -185,26 +153,18 @@ impl Session {
                 Err(e) => return e.to_error_object().into(),
             }
         }
-        let Some(upstream) = &self.subscriptions.upstream else {
-            unreachable!("connected above")
-        };
+        let Some(upstream) = &self.subscriptions.upstream else { unreachable!("connected above") };
         match upstream.call(req.clone()).await {
             Ok(Outcome::Result(raw)) => match serde_json::from_str::<String>(raw.get()) {
                 Ok(upstream_id) => {
                     let client_id = new_subscription_id();
-                    self.subscriptions
-                        .by_upstream
-                        .insert(upstream_id.clone(), client_id.clone());
-                    self.subscriptions
-                        .by_client
-                        .insert(client_id.clone(), upstream_id);
+                    self.subscriptions.by_upstream.insert(upstream_id.clone(), client_id.clone());
+                    self.subscriptions.by_client.insert(client_id.clone(), upstream_id);
                     Outcome::Result(json_string(&client_id))
                 }
-                Err(_) => ErrorObject::new(
-                    codes::INTERNAL_ERROR,
-                    "upstream returned a malformed subscription id",
-                )
-                .into(),
+                Err(_) => {
+                    ErrorObject::new(codes::INTERNAL_ERROR, "upstream returned a malformed subscription id").into()
+                }
             },
             Ok(error) => error,
             Err(e) => e.to_error_object().into(),
@@ -225,10 +185,7 @@ impl Session {
             return Outcome::Result(raw("true"));
         };
         let params = serde_json::value::to_raw_value(&[&upstream_id]).ok();
-        match upstream
-            .call(Request::new(req.id.clone(), "eth_unsubscribe", params))
-            .await
-        {
+        match upstream.call(Request::new(req.id.clone(), "eth_unsubscribe", params)).await {
             Ok(outcome) => outcome,
             Err(e) => e.to_error_object().into(),
         }
@@ -240,9 +197,7 @@ impl Session {
             return true; // an event racing its unsubscribe
         };
         let mut body = Vec::with_capacity(96 + event.result.get().len());
-        body.extend_from_slice(
-            b"{\"jsonrpc\":\"2.0\",\"method\":\"eth_subscription\",\"params\":{\"subscription\":",
-        );
+        body.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":\"eth_subscription\",\"params\":{\"subscription\":");
         body.extend_from_slice(json_string(client_id).get().as_bytes());
         body.extend_from_slice(b",\"result\":");
         body.extend_from_slice(event.result.get().as_bytes());
@@ -280,11 +235,7 @@ impl Subscriptions {
         if let Some(upstream) = self.upstream.take() {
             for upstream_id in self.by_client.values() {
                 let params = serde_json::value::to_raw_value(&[upstream_id]).ok();
-                let req = Request::new(
-                    Some(sluice_jsonrpc::Id::number(0)),
-                    "eth_unsubscribe",
-                    params,
-                );
+                let req = Request::new(Some(sluice_jsonrpc::Id::number(0)), "eth_unsubscribe", params);
                 let _ = upstream.call(req).await;
             }
         }

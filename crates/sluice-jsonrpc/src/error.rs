@@ -36,11 +36,7 @@ pub struct ErrorObject {
 impl ErrorObject {
     /// An error with a code and message and no data.
     pub fn new(code: i64, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            data: None,
-        }
+        Self { code, message: message.into(), data: None }
     }
 
     /// Attaches structured `data`.

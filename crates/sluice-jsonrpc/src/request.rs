@@ -59,11 +59,7 @@ pub struct Request {
 impl Request {
     /// Builds a request, for calls sluice makes itself and for tests.
     pub fn new(id: Option<Id>, method: impl Into<String>, params: Option<Box<RawValue>>) -> Self {
-        Self {
-            id,
-            method: method.into(),
-            params,
-        }
+        Self { id, method: method.into(), params }
     }
 
     /// True when the caller expects no answer.
@@ -111,23 +107,17 @@ pub fn parse_body(body: &[u8], max_batch: usize) -> Result<Incoming, ErrorObject
     let doc: &RawValue = serde_json::from_str(text).map_err(ErrorObject::parse_error)?;
     let doc_text = doc.get();
     if doc_text.starts_with('[') {
-        let elements: Vec<&RawValue> =
-            serde_json::from_str(doc_text).map_err(ErrorObject::parse_error)?;
+        let elements: Vec<&RawValue> = serde_json::from_str(doc_text).map_err(ErrorObject::parse_error)?;
         if elements.is_empty() {
             return Err(ErrorObject::invalid_request("empty batch"));
         }
         if elements.len() > max_batch {
             return Err(ErrorObject::new(
                 codes::LIMIT_EXCEEDED,
-                format!(
-                    "batch too large: {} calls, limit {max_batch}",
-                    elements.len()
-                ),
+                format!("batch too large: {} calls, limit {max_batch}", elements.len()),
             ));
         }
-        Ok(Incoming::Batch(
-            elements.into_iter().map(parse_element).collect(),
-        ))
+        Ok(Incoming::Batch(elements.into_iter().map(parse_element).collect()))
     } else {
         Ok(Incoming::Single(parse_element(doc)))
     }
@@ -151,12 +141,7 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
 }
 
 fn parse_element(raw: &RawValue) -> Result<Request, Invalid> {
-    let invalid = |id: Option<Id>, why: &str| {
-        Err((
-            id.unwrap_or_else(Id::null),
-            ErrorObject::invalid_request(why),
-        ))
-    };
+    let invalid = |id: Option<Id>, why: &str| Err((id.unwrap_or_else(Id::null), ErrorObject::invalid_request(why)));
     if !raw.get().starts_with('{') {
         return invalid(None, "not a JSON-RPC request object");
     }
@@ -171,17 +156,11 @@ fn parse_element(raw: &RawValue) -> Result<Request, Invalid> {
             None => return invalid(None, "id must be a string, a number or null"),
         },
     };
-    match fields
-        .jsonrpc
-        .map(|v| serde_json::from_str::<&str>(v.get()))
-    {
+    match fields.jsonrpc.map(|v| serde_json::from_str::<&str>(v.get())) {
         Some(Ok("2.0")) => {}
         _ => return invalid(id, "jsonrpc must be \"2.0\""),
     }
-    let method = match fields
-        .method
-        .map(|v| serde_json::from_str::<String>(v.get()))
-    {
+    let method = match fields.method.map(|v| serde_json::from_str::<String>(v.get())) {
         Some(Ok(method)) => method,
         Some(Err(_)) => return invalid(id, "method must be a string"),
         None => return invalid(id, "missing method"),
@@ -208,15 +187,7 @@ mod tests {
 
     #[test]
     fn ids_are_kept_exactly() {
-        for id in [
-            "1",
-            "1.0",
-            "-7",
-            "1e3",
-            "\"abc\"",
-            "null",
-            "123456789012345678901234567890",
-        ] {
+        for id in ["1", "1.0", "-7", "1e3", "\"abc\"", "null", "123456789012345678901234567890"] {
             let req = single(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"m"}}"#)).unwrap();
             assert_eq!(req.id.unwrap().get(), id);
         }
@@ -224,40 +195,23 @@ mod tests {
 
     #[test]
     fn missing_id_is_a_notification_and_null_id_is_not() {
-        assert!(single(r#"{"jsonrpc":"2.0","method":"m"}"#)
-            .unwrap()
-            .is_notification());
-        assert!(!single(r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#)
-            .unwrap()
-            .is_notification());
+        assert!(single(r#"{"jsonrpc":"2.0","method":"m"}"#).unwrap().is_notification());
+        assert!(!single(r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#).unwrap().is_notification());
     }
 
     #[test]
     fn params_pass_through_untouched() {
-        let req = single(r#"{"jsonrpc":"2.0","id":1,"method":"m","params":[ "0x1" , {"a":1.50}]}"#)
-            .unwrap();
+        let req = single(r#"{"jsonrpc":"2.0","id":1,"method":"m","params":[ "0x1" , {"a":1.50}]}"#).unwrap();
         assert_eq!(req.params_text(), r#"[ "0x1" , {"a":1.50}]"#);
     }
 
     #[test]
     fn whole_body_errors() {
         assert_eq!(parse_body(b"{", 10).unwrap_err().code, codes::PARSE_ERROR);
-        assert_eq!(
-            parse_body(b"\xff", 10).unwrap_err().code,
-            codes::PARSE_ERROR
-        );
-        assert_eq!(
-            parse_body(b"[]", 10).unwrap_err().code,
-            codes::INVALID_REQUEST
-        );
-        let big = format!(
-            "[{}]",
-            [r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#; 11].join(",")
-        );
-        assert_eq!(
-            parse_body(big.as_bytes(), 10).unwrap_err().code,
-            codes::LIMIT_EXCEEDED
-        );
+        assert_eq!(parse_body(b"\xff", 10).unwrap_err().code, codes::PARSE_ERROR);
+        assert_eq!(parse_body(b"[]", 10).unwrap_err().code, codes::INVALID_REQUEST);
+        let big = format!("[{}]", [r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#; 11].join(","));
+        assert_eq!(parse_body(big.as_bytes(), 10).unwrap_err().code, codes::LIMIT_EXCEEDED);
     }
 
     #[test]
@@ -265,9 +219,7 @@ mod tests {
         let body = r#"[1, {"jsonrpc":"1.0","id":5,"method":"m"}, {"jsonrpc":"2.0","id":6,"method":7},
                        {"jsonrpc":"2.0","id":{},"method":"m"}, {"jsonrpc":"2.0","id":8,"method":"m","params":3},
                        {"jsonrpc":"2.0","id":9,"method":"ok"}]"#;
-        let Incoming::Batch(items) = parse_body(body.as_bytes(), 10).unwrap() else {
-            panic!("batch")
-        };
+        let Incoming::Batch(items) = parse_body(body.as_bytes(), 10).unwrap() else { panic!("batch") };
         let ids: Vec<String> = items
             .iter()
             .map(|r| match r {
@@ -275,25 +227,12 @@ mod tests {
                 Err((id, e)) => format!("{} {}", e.code, id.get()),
             })
             .collect();
-        assert_eq!(
-            ids,
-            [
-                "-32600 null",
-                "-32600 5",
-                "-32600 6",
-                "-32600 null",
-                "-32600 8",
-                "ok 9"
-            ]
-        );
+        assert_eq!(ids, ["-32600 null", "-32600 5", "-32600 6", "-32600 null", "-32600 8", "ok 9"]);
     }
 
     #[test]
     fn writes_request_with_new_id() {
-        let req = single(
-            r#"{"jsonrpc":"2.0","id":"x","method":"eth_call","params":[{"to":"0x1"},"latest"]}"#,
-        )
-        .unwrap();
+        let req = single(r#"{"jsonrpc":"2.0","id":"x","method":"eth_call","params":[{"to":"0x1"},"latest"]}"#).unwrap();
         let mut out = Vec::new();
         req.write_with_id("42", &mut out);
         assert_eq!(

@@ -59,10 +59,7 @@ impl Response {
 
 /// Serializes answers: one object for a single call, an array for a batch.
 pub fn write_responses(batch: bool, responses: &[Response]) -> Vec<u8> {
-    let size: usize = responses
-        .iter()
-        .map(|r| 40 + r.id.get().len() + outcome_len(&r.outcome))
-        .sum();
+    let size: usize = responses.iter().map(|r| 40 + r.id.get().len() + outcome_len(&r.outcome)).sum();
     let mut out = Vec::with_capacity(size + 2);
     if batch {
         out.push(b'[');
@@ -125,14 +122,9 @@ mod tests {
 
     #[test]
     fn writes_single_and_batch() {
-        let ok = Response {
-            id: Id::number(1),
-            outcome: Outcome::Result(RawValue::from_string("null".into()).unwrap()),
-        };
-        let err = Response {
-            id: Id::null(),
-            outcome: ErrorObject::new(-32600, "bad").into(),
-        };
+        let ok =
+            Response { id: Id::number(1), outcome: Outcome::Result(RawValue::from_string("null".into()).unwrap()) };
+        let err = Response { id: Id::null(), outcome: ErrorObject::new(-32600, "bad").into() };
         assert_eq!(
             String::from_utf8(write_responses(false, std::slice::from_ref(&ok))).unwrap(),
             r#"{"jsonrpc":"2.0","id":1,"result":null}"#
@@ -145,15 +137,14 @@ mod tests {
 
     #[test]
     fn reads_upstream_answers() {
-        let env: ResponseEnvelope =
-            serde_json::from_str(r#"{"jsonrpc":"2.0","id":7,"result":null}"#).unwrap();
+        let env: ResponseEnvelope = serde_json::from_str(r#"{"jsonrpc":"2.0","id":7,"result":null}"#).unwrap();
         assert_eq!(env.numeric_id(), Some(7));
         assert!(matches!(env.into_outcome(), Some(Outcome::Result(r)) if r.get() == "null"));
-        let env: ResponseEnvelope =
-            serde_json::from_str(r#"{"jsonrpc":"2.0","id":7,"error":{"code":3,"message":"execution reverted","data":"0x08c379a0"}}"#).unwrap();
-        assert!(
-            matches!(env.into_outcome(), Some(Outcome::Error(e)) if e.get().contains("0x08c379a0"))
-        );
+        let env: ResponseEnvelope = serde_json::from_str(
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":3,"message":"execution reverted","data":"0x08c379a0"}}"#,
+        )
+        .unwrap();
+        assert!(matches!(env.into_outcome(), Some(Outcome::Error(e)) if e.get().contains("0x08c379a0")));
         let env: ResponseEnvelope = serde_json::from_str(r#"{"jsonrpc":"2.0","id":7}"#).unwrap();
         assert!(env.into_outcome().is_none());
     }

@@ -43,11 +43,7 @@ impl FakeUpstream {
                 });
             }
         });
-        Self {
-            url,
-            requests,
-            task,
-        }
+        Self { url, requests, task }
     }
 
     /// How many requests arrived.
@@ -62,11 +58,7 @@ impl Drop for FakeUpstream {
     }
 }
 
-async fn answer(
-    mut stream: TcpStream,
-    fault: Fault,
-    counter: Arc<AtomicUsize>,
-) -> std::io::Result<()> {
+async fn answer(mut stream: TcpStream, fault: Fault, counter: Arc<AtomicUsize>) -> std::io::Result<()> {
     let body = read_request(&mut stream).await?;
     counter.fetch_add(1, Ordering::SeqCst);
     let (status, payload) = match fault {
@@ -77,14 +69,9 @@ async fn answer(
         Fault::Garbage(status, text) => (status, text.to_owned()),
         Fault::Slow(delay) => {
             tokio::time::sleep(delay).await;
-            let id = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .map(|v| v["id"].clone())
-                .unwrap_or_default();
-            (
-                200,
-                serde_json::json!({"jsonrpc": "2.0", "id": id, "result": "0x1"}).to_string(),
-            )
+            let id =
+                serde_json::from_slice::<serde_json::Value>(&body).ok().map(|v| v["id"].clone()).unwrap_or_default();
+            (200, serde_json::json!({"jsonrpc": "2.0", "id": id, "result": "0x1"}).to_string())
         }
     };
     let head = format!(

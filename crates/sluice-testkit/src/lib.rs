@@ -21,32 +21,19 @@ pub use fake_upstream::{FakeUpstream, Fault};
 
 /// The workspace root (two levels above this crate).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("workspace root")
-        .to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).expect("workspace root").to_owned()
 }
 
 /// Path of a Foundry tool (`anvil`, `cast`) in the project-local tools folder.
 pub fn foundry_tool(name: &str) -> PathBuf {
-    let path = workspace_root().join(format!(
-        ".tools/node_modules/@foundry-rs/{name}-linux-amd64/bin/{name}"
-    ));
-    assert!(
-        path.is_file(),
-        "{} missing: run scripts/install-tools.sh first",
-        path.display()
-    );
+    let path = workspace_root().join(format!(".tools/node_modules/@foundry-rs/{name}-linux-amd64/bin/{name}"));
+    assert!(path.is_file(), "{} missing: run scripts/install-tools.sh first", path.display());
     path
 }
 
 /// A free port on 127.0.0.1.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
 /// A real anvil devnet, killed on drop.
@@ -98,10 +85,7 @@ impl Drop for Anvil {
 fn wait_for_port(port: u16, within: Duration) {
     let deadline = Instant::now() + within;
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "nothing listening on port {port} after {within:?}"
-        );
+        assert!(Instant::now() < deadline, "nothing listening on port {port} after {within:?}");
         std::thread::sleep(Duration::from_millis(25));
     }
 }
@@ -136,26 +120,15 @@ impl Sluice {
         let mut lines = BufReader::new(stdout).lines();
         let mut preamble = Vec::new();
         let addr = loop {
-            let line = lines
-                .next()
-                .expect("sluice printed its address")
-                .expect("stdout is readable");
+            let line = lines.next().expect("sluice printed its address").expect("stdout is readable");
             if let Some(rest) = line.strip_prefix("sluice listening on http://") {
-                break rest
-                    .split_whitespace()
-                    .next()
-                    .expect("an address")
-                    .to_owned();
+                break rest.split_whitespace().next().expect("an address").to_owned();
             }
             preamble.push(line);
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Sluice {
-            child,
-            addr,
-            preamble,
-        }
+        Sluice { child, addr, preamble }
     }
 
     /// Starts `sluice serve` on a free port in front of `upstream`, with extra arguments.
@@ -177,10 +150,7 @@ impl Sluice {
 
     /// Sends SIGTERM, as an operator or a service manager would.
     pub fn terminate(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill runs");
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill runs");
         assert!(status.success(), "kill -TERM failed");
     }
 
@@ -207,25 +177,12 @@ impl Drop for Sluice {
 }
 
 /// Posts a raw body and returns the HTTP status and the body parsed as JSON (`Null` if empty).
-pub async fn post(
-    client: &reqwest::Client,
-    url: &str,
-    body: impl Into<reqwest::Body>,
-) -> (u16, Value) {
-    let response = client
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .expect("request sent");
+pub async fn post(client: &reqwest::Client, url: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+    let response =
+        client.post(url).header("content-type", "application/json").body(body).send().await.expect("request sent");
     let status = response.status().as_u16();
     let bytes = response.bytes().await.expect("body read");
-    let value = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).expect("JSON answer")
-    };
+    let value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("JSON answer") };
     (status, value)
 }
 
@@ -244,14 +201,6 @@ pub async fn rpc_result(client: &reqwest::Client, url: &str, method: &str, param
 
 /// Reads one sample of a Prometheus metric from `/metrics` (the line starting with `series`).
 pub async fn metric(client: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    let text = client.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?;
+    text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }

@@ -9,9 +9,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::CONTENT_TYPE;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use sluice_jsonrpc::{Outcome, Request, ResponseEnvelope};
+use sluice_jsonrpc::{Request, ResponseEnvelope};
 
-use crate::{UpstreamError, Upstreams};
+use crate::{Answer, UpstreamError, Upstreams};
 
 /// Settings for an [`HttpUpstream`].
 #[derive(Debug, Clone)]
@@ -38,10 +38,7 @@ pub struct HttpUpstream {
 impl HttpUpstream {
     /// Builds a client; fails if the URL is not an `http://` URL.
     pub fn new(config: HttpUpstreamConfig) -> Result<Self, String> {
-        let uri: hyper::Uri = config
-            .url
-            .parse()
-            .map_err(|e| format!("bad upstream URL {:?}: {e}", config.url))?;
+        let uri: hyper::Uri = config.url.parse().map_err(|e| format!("bad upstream URL {:?}: {e}", config.url))?;
         if uri.scheme_str() != Some("http") {
             return Err(format!(
                 "upstream URL {:?}: only http:// is supported for calls (https is not built in yet)",
@@ -55,12 +52,7 @@ impl HttpUpstream {
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)
             .build(connector);
-        Ok(Self {
-            config,
-            uri,
-            client,
-            next_id: AtomicU64::new(1),
-        })
+        Ok(Self { config, uri, client, next_id: AtomicU64::new(1) })
     }
 
     /// The configured name.
@@ -105,8 +97,7 @@ impl HttpUpstream {
 
     fn record(&self, started: Instant, outcome: &'static str) {
         let name = self.config.name.clone();
-        metrics::counter!("sluice_upstream_calls_total", "upstream" => name.clone(), "outcome" => outcome)
-            .increment(1);
+        metrics::counter!("sluice_upstream_calls_total", "upstream" => name.clone(), "outcome" => outcome).increment(1);
         metrics::histogram!("sluice_upstream_call_duration_seconds", "upstream" => name)
             .record(started.elapsed().as_secs_f64());
     }
@@ -114,10 +105,7 @@ impl HttpUpstream {
 
 /// Reads an answer body: a JSON-RPC answer wins over a bad HTTP status, since some providers
 /// send errors with 4xx/5xx; anything else is classified.
-fn parse_answer<T: serde::de::DeserializeOwned>(
-    status: u16,
-    body: &[u8],
-) -> Result<T, UpstreamError> {
+fn parse_answer<T: serde::de::DeserializeOwned>(status: u16, body: &[u8]) -> Result<T, UpstreamError> {
     match serde_json::from_slice(body) {
         Ok(answer) => Ok(answer),
         Err(_) if !(200..300).contains(&status) => Err(UpstreamError::HttpStatus(status)),
@@ -127,43 +115,33 @@ fn parse_answer<T: serde::de::DeserializeOwned>(
 
 #[async_trait]
 impl Upstreams for HttpUpstream {
-    async fn call(&self, req: &Request) -> Result<Outcome, UpstreamError> {
+    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
         let started = Instant::now();
         let id = self.ids(1);
         let mut body = Vec::with_capacity(64 + req.method.len() + req.params_text().len());
         req.write_with_id(&id.to_string(), &mut body);
         let result = match self.post(body).await {
-            Ok((status, bytes)) => {
-                parse_answer::<ResponseEnvelope>(status, &bytes).and_then(|env| {
-                    if env.numeric_id() != Some(id) {
-                        return Err(UpstreamError::InvalidResponse("answer id does not match"));
-                    }
-                    env.into_outcome().ok_or(UpstreamError::InvalidResponse(
-                        "answer has no result or error",
-                    ))
-                })
-            }
+            Ok((status, bytes)) => parse_answer::<ResponseEnvelope>(status, &bytes).and_then(|env| {
+                if env.numeric_id() != Some(id) {
+                    return Err(UpstreamError::InvalidResponse("answer id does not match"));
+                }
+                env.into_outcome()
+                    .map(Answer::upstream)
+                    .ok_or(UpstreamError::InvalidResponse("answer has no result or error"))
+            }),
             Err(e) => Err(e),
         };
-        self.record(
-            started,
-            result.as_ref().map_or_else(UpstreamError::kind, |_| "ok"),
-        );
+        self.record(started, result.as_ref().map_or_else(UpstreamError::kind, |_| "ok"));
         result
     }
 
-    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
+    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
         if reqs.len() == 1 {
             return vec![self.call(reqs[0]).await];
         }
         let started = Instant::now();
         let first = self.ids(reqs.len() as u64);
-        let mut body = Vec::with_capacity(
-            2 + reqs
-                .iter()
-                .map(|r| 64 + r.params_text().len())
-                .sum::<usize>(),
-        );
+        let mut body = Vec::with_capacity(2 + reqs.iter().map(|r| 64 + r.params_text().len()).sum::<usize>());
         body.push(b'[');
         for (i, req) in reqs.iter().enumerate() {
             if i > 0 {
@@ -172,34 +150,26 @@ impl Upstreams for HttpUpstream {
             req.write_with_id(&(first + i as u64).to_string(), &mut body);
         }
         body.push(b']');
-        let answers = self
-            .post(body)
-            .await
-            .and_then(|(status, bytes)| parse_answer::<Vec<ResponseEnvelope>>(status, &bytes));
+        let answers =
+            self.post(body).await.and_then(|(status, bytes)| parse_answer::<Vec<ResponseEnvelope>>(status, &bytes));
         let results = match answers {
             Err(e) => vec![Err(e); reqs.len()],
             Ok(envelopes) => {
                 // Nodes may answer a batch in any order: place each answer by its id.
-                let mut results =
-                    vec![Err(UpstreamError::InvalidResponse("batch answer missing")); reqs.len()];
+                let mut results = vec![Err(UpstreamError::InvalidResponse("batch answer missing")); reqs.len()];
                 for env in envelopes {
-                    let slot = env
-                        .numeric_id()
-                        .and_then(|id| id.checked_sub(first))
-                        .map(|i| i as usize);
+                    let slot = env.numeric_id().and_then(|id| id.checked_sub(first)).map(|i| i as usize);
                     if let Some(slot) = slot.filter(|&i| i < reqs.len()) {
-                        results[slot] = env.into_outcome().ok_or(UpstreamError::InvalidResponse(
-                            "answer has no result or error",
-                        ));
+                        results[slot] = env
+                            .into_outcome()
+                            .map(Answer::upstream)
+                            .ok_or(UpstreamError::InvalidResponse("answer has no result or error"));
                     }
                 }
                 results
             }
         };
-        let outcome = results
-            .iter()
-            .find_map(|r| r.as_ref().err())
-            .map_or("ok", UpstreamError::kind);
+        let outcome = results.iter().find_map(|r| r.as_ref().err()).map_or("ok", UpstreamError::kind);
         self.record(started, outcome);
         results
     }

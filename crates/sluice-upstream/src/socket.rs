@@ -43,10 +43,7 @@ const NOTIFICATION_BUFFER: usize = 1024;
 
 impl UpstreamSocket {
     /// Connects to a `ws://` URL. Returns the handle and the stream of notifications.
-    pub async fn connect(
-        url: &str,
-        timeout: Duration,
-    ) -> Result<(Self, mpsc::Receiver<Notification>), UpstreamError> {
+    pub async fn connect(url: &str, timeout: Duration) -> Result<(Self, mpsc::Receiver<Notification>), UpstreamError> {
         let (socket, _) = tokio::time::timeout(timeout, tokio_tungstenite::connect_async(url))
             .await
             .map_err(|_| UpstreamError::Timeout(timeout))?
@@ -63,10 +60,7 @@ impl UpstreamSocket {
     /// Makes a call on this connection (used for `eth_subscribe` and `eth_unsubscribe`).
     pub async fn call(&self, request: Request) -> Result<Outcome, UpstreamError> {
         let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command { request, reply })
-            .await
-            .map_err(|_| UpstreamError::Unreachable)?;
+        self.commands.send(Command { request, reply }).await.map_err(|_| UpstreamError::Unreachable)?;
         match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(UpstreamError::Unreachable),

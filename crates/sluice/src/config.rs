@@ -132,22 +132,13 @@ impl UpstreamConfig {
             "http" => (self.url.clone(), swap("ws")?),
             "ws" => (swap("http")?, self.url.clone()),
             "https" | "wss" => {
-                return Err(format!(
-                    "{:?}: TLS upstreams are not supported yet; use http:// or ws://",
-                    self.url
-                ))
+                return Err(format!("{:?}: TLS upstreams are not supported yet; use http:// or ws://", self.url))
             }
-            other => {
-                return Err(format!(
-                    "{:?}: unsupported scheme {other:?}; use http:// or ws://",
-                    self.url
-                ))
-            }
+            other => return Err(format!("{:?}: unsupported scheme {other:?}; use http:// or ws://", self.url)),
         };
         let ws = match &self.ws_url {
             Some(ws_url) => {
-                let parsed =
-                    url::Url::parse(ws_url).map_err(|e| format!("ws_url {ws_url:?}: {e}"))?;
+                let parsed = url::Url::parse(ws_url).map_err(|e| format!("ws_url {ws_url:?}: {e}"))?;
                 if parsed.scheme() != "ws" {
                     return Err(format!("ws_url {ws_url:?}: must be a ws:// URL"));
                 }
@@ -183,29 +174,17 @@ pub fn load_layers(file: Option<&Path>, overrides: &Overrides) -> anyhow::Result
         anyhow::ensure!(file.is_file(), "config file {} not found", file.display());
         figment = figment.merge(Toml::file(file));
     }
-    figment = figment.merge(
-        Env::prefixed("SLUICE_")
-            .split("__")
-            .ignore(&["upstream", "config", "log"]),
-    );
+    figment = figment.merge(Env::prefixed("SLUICE_").split("__").ignore(&["upstream", "config", "log"]));
     let mut config: Config = figment.extract().map_err(describe)?;
     if let Ok(list) = std::env::var("SLUICE_UPSTREAM") {
-        config.upstreams = list
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(UpstreamConfig::from_url)
-            .collect();
+        config.upstreams =
+            list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(UpstreamConfig::from_url).collect();
     }
     if let Some(listen) = overrides.listen {
         config.listen = listen;
     }
     if !overrides.upstreams.is_empty() {
-        config.upstreams = overrides
-            .upstreams
-            .iter()
-            .map(UpstreamConfig::from_url)
-            .collect();
+        config.upstreams = overrides.upstreams.iter().map(UpstreamConfig::from_url).collect();
     }
     Ok(config)
 }
@@ -213,9 +192,7 @@ pub fn load_layers(file: Option<&Path>, overrides: &Overrides) -> anyhow::Result
 /// Reads one file alone (no environment, no flags) and validates it: `sluice config validate`.
 pub fn validate_file(file: &Path) -> anyhow::Result<Config> {
     anyhow::ensure!(file.is_file(), "config file {} not found", file.display());
-    let config: Config = Figment::from(Toml::file(file))
-        .extract()
-        .map_err(describe)?;
+    let config: Config = Figment::from(Toml::file(file)).extract().map_err(describe)?;
     config.validate()?;
     Ok(config)
 }
@@ -234,30 +211,19 @@ impl Config {
             "no upstream: give --upstream URL, SLUICE_UPSTREAM or [[upstreams]] in the file"
         );
         for (i, upstream) in self.upstreams.iter().enumerate() {
-            upstream
-                .endpoints()
-                .map_err(|e| anyhow::anyhow!("upstreams[{i}].url: {e}"))?;
-            anyhow::ensure!(
-                !upstream.timeout.is_zero(),
-                "upstreams[{i}].timeout: must be more than zero"
-            );
+            upstream.endpoints().map_err(|e| anyhow::anyhow!("upstreams[{i}].url: {e}"))?;
+            anyhow::ensure!(!upstream.timeout.is_zero(), "upstreams[{i}].timeout: must be more than zero");
         }
         let l = &self.limits;
         for (key, value) in [
             ("limits.max_body_bytes", l.max_body_bytes),
             ("limits.max_batch_len", l.max_batch_len),
             ("limits.max_connections", l.max_connections),
-            (
-                "limits.max_subscriptions_per_socket",
-                l.max_subscriptions_per_socket,
-            ),
+            ("limits.max_subscriptions_per_socket", l.max_subscriptions_per_socket),
         ] {
             anyhow::ensure!(value > 0, "{key}: must be more than zero");
         }
-        anyhow::ensure!(
-            !l.client_timeout.is_zero(),
-            "limits.client_timeout: must be more than zero"
-        );
+        anyhow::ensure!(!l.client_timeout.is_zero(), "limits.client_timeout: must be more than zero");
         Ok(())
     }
 }
@@ -291,29 +257,19 @@ mod tests {
         assert_eq!(c.limits.max_body_bytes, 1024);
         assert_eq!(c.limits.max_batch_len, 1000);
         assert_eq!(c.limits.client_timeout, Duration::from_secs(5));
-        assert_eq!(
-            c.upstreams[0].endpoints().unwrap(),
-            ("http://127.0.0.1:8546".into(), "ws://127.0.0.1:8547".into())
-        );
+        assert_eq!(c.upstreams[0].endpoints().unwrap(), ("http://127.0.0.1:8546".into(), "ws://127.0.0.1:8547".into()));
     }
 
     #[test]
     fn errors_name_the_bad_key() {
-        let unknown = validate_file(file("bogus = 1\n[[upstreams]]\nurl = \"http://a:1\"").path())
-            .unwrap_err();
+        let unknown = validate_file(file("bogus = 1\n[[upstreams]]\nurl = \"http://a:1\"").path()).unwrap_err();
         assert!(unknown.to_string().contains("bogus"), "{unknown}");
-        let wrong_type = validate_file(
-            file("[limits]\nmax_body_bytes = \"big\"\n[[upstreams]]\nurl = \"http://a:1\"").path(),
-        )
-        .unwrap_err();
-        assert!(
-            wrong_type.to_string().contains("max_body_bytes"),
-            "{wrong_type}"
-        );
-        let zero = validate_file(
-            file("[limits]\nmax_batch_len = 0\n[[upstreams]]\nurl = \"http://a:1\"").path(),
-        )
-        .unwrap_err();
+        let wrong_type =
+            validate_file(file("[limits]\nmax_body_bytes = \"big\"\n[[upstreams]]\nurl = \"http://a:1\"").path())
+                .unwrap_err();
+        assert!(wrong_type.to_string().contains("max_body_bytes"), "{wrong_type}");
+        let zero =
+            validate_file(file("[limits]\nmax_batch_len = 0\n[[upstreams]]\nurl = \"http://a:1\"").path()).unwrap_err();
         assert!(zero.to_string().contains("limits.max_batch_len"), "{zero}");
         let scheme = validate_file(file("[[upstreams]]\nurl = \"ftp://a:1\"").path()).unwrap_err();
         assert!(scheme.to_string().contains("upstreams[0].url"), "{scheme}");
@@ -323,26 +279,20 @@ mod tests {
 
     #[test]
     fn ws_upstream_derives_http() {
-        let (http, ws) = UpstreamConfig::from_url("ws://127.0.0.1:8546")
-            .endpoints()
-            .unwrap();
-        assert_eq!(
-            (http.as_str(), ws.as_str()),
-            ("http://127.0.0.1:8546/", "ws://127.0.0.1:8546")
-        );
+        let (http, ws) = UpstreamConfig::from_url("ws://127.0.0.1:8546").endpoints().unwrap();
+        assert_eq!((http.as_str(), ws.as_str()), ("http://127.0.0.1:8546/", "ws://127.0.0.1:8546"));
     }
 
     #[test]
     fn flags_win_over_env_and_file() {
         // Env is process-wide: this is the only test that sets SLUICE_* variables.
-        let f = file("listen = \"127.0.0.1:9001\"\n[limits]\nmax_batch_len = 7\n[[upstreams]]\nurl = \"http://file:1\"");
+        let f =
+            file("listen = \"127.0.0.1:9001\"\n[limits]\nmax_batch_len = 7\n[[upstreams]]\nurl = \"http://file:1\"");
         std::env::set_var("SLUICE_LIMITS__MAX_BATCH_LEN", "9");
         std::env::set_var("SLUICE_UPSTREAM", "http://env:1,http://env:2");
         let from_env = load(Some(f.path()), &Overrides::default()).unwrap();
-        let flags = Overrides {
-            listen: Some("127.0.0.1:9002".parse().unwrap()),
-            upstreams: vec!["http://flag:1".into()],
-        };
+        let flags =
+            Overrides { listen: Some("127.0.0.1:9002".parse().unwrap()), upstreams: vec!["http://flag:1".into()] };
         let from_flags = load(Some(f.path()), &flags).unwrap();
         std::env::remove_var("SLUICE_LIMITS__MAX_BATCH_LEN");
         std::env::remove_var("SLUICE_UPSTREAM");

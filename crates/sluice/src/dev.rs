@@ -34,9 +34,7 @@ pub fn find_anvil(given: Option<&Path>) -> anyhow::Result<PathBuf> {
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|dir| dir.join("anvil"))
         .find(|p| p.is_file());
-    on_path.ok_or_else(|| {
-        anyhow::anyhow!("anvil not found: run scripts/install-tools.sh, or pass --anvil PATH")
-    })
+    on_path.ok_or_else(|| anyhow::anyhow!("anvil not found: run scripts/install-tools.sh, or pass --anvil PATH"))
 }
 
 /// Picks a free loopback port.
@@ -45,11 +43,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 }
 
 /// Starts anvil on `port` and waits until it answers JSON-RPC. The child is killed on drop.
-pub async fn start_anvil(
-    anvil: &Path,
-    port: u16,
-    block_time: Option<u64>,
-) -> anyhow::Result<Child> {
+pub async fn start_anvil(anvil: &Path, port: u16, block_time: Option<u64>) -> anyhow::Result<Child> {
     let mut command = Command::new(anvil);
     command.args(["--host", "127.0.0.1", "--port", &port.to_string()]);
     if let Some(seconds) = block_time {
@@ -66,10 +60,7 @@ pub async fn start_anvil(
         if let Some(status) = child.try_wait()? {
             anyhow::bail!("anvil exited before answering: {status}");
         }
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
             return Ok(child);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -68,10 +68,7 @@ enum ConfigAction {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cli.log));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     match run(cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -83,20 +80,11 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve {
-            config: file,
-            listen,
-            upstreams,
-        } => {
+        Command::Serve { config: file, listen, upstreams } => {
             let config = config::load(file.as_deref(), &Overrides { listen, upstreams })?;
             serve::run(config, serve::shutdown_signal()).await
         }
-        Command::Dev {
-            listen,
-            anvil,
-            anvil_port,
-            block_time,
-        } => {
+        Command::Dev { listen, anvil, anvil_port, block_time } => {
             let anvil = dev::find_anvil(anvil.as_deref())?;
             let port = match anvil_port {
                 Some(port) => port,
@@ -104,18 +92,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             };
             let mut child = dev::start_anvil(&anvil, port, block_time).await?;
             let upstream = format!("http://127.0.0.1:{port}");
-            println!(
-                "anvil devnet on {upstream} (chain id 31337; {})",
-                anvil.display()
-            );
+            println!("anvil devnet on {upstream} (chain id 31337; {})", anvil.display());
             println!("funded dev account 0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266, key 0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80");
-            let mut config = config::load_layers(
-                None,
-                &Overrides {
-                    listen: Some(listen),
-                    upstreams: vec![],
-                },
-            )?;
+            let mut config = config::load_layers(None, &Overrides { listen: Some(listen), upstreams: vec![] })?;
             config.upstreams = vec![UpstreamConfig::from_url(upstream)];
             config.validate()?;
             let result = serve::run(config, serve::shutdown_signal()).await;
@@ -123,16 +102,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             println!("anvil stopped");
             result
         }
-        Command::Config {
-            action: ConfigAction::Validate { file },
-        } => {
+        Command::Config { action: ConfigAction::Validate { file } } => {
             let config = config::validate_file(&file)?;
-            println!(
-                "{}: ok ({} upstream(s), listen {})",
-                file.display(),
-                config.upstreams.len(),
-                config.listen
-            );
+            println!("{}: ok ({} upstream(s), listen {})", file.display(), config.upstreams.len(), config.listen);
             Ok(())
         }
     }

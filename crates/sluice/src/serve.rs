@@ -11,10 +11,7 @@ use crate::config::Config;
 
 /// Binds the listener, prints where sluice listens, and serves until `shutdown` resolves.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let upstream = config
-        .upstreams
-        .first()
-        .ok_or_else(|| anyhow::anyhow!("no upstream configured"))?;
+    let upstream = config.upstreams.first().ok_or_else(|| anyhow::anyhow!("no upstream configured"))?;
     if config.upstreams.len() > 1 {
         tracing::warn!(
             count = config.upstreams.len(),
@@ -29,12 +26,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         max_response_bytes: upstream.max_response_bytes,
     })
     .map_err(anyhow::Error::msg)?;
-    let gateway = Gateway::new(
-        Arc::new(client),
-        Some(ws_url),
-        upstream.timeout,
-        Limits::from(&config.limits),
-    );
+    let gateway = Gateway::new(Arc::new(client), Some(ws_url), upstream.timeout, Limits::from(&config.limits));
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;

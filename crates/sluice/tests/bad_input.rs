@@ -11,9 +11,7 @@ use serde_json::{json, Value};
 use sluice_testkit::{post, FakeUpstream, Fault, Sluice};
 
 fn error_code(answer: &Value) -> i64 {
-    answer["error"]["code"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("not an error: {answer}"))
+    answer["error"]["code"].as_i64().unwrap_or_else(|| panic!("not an error: {answer}"))
 }
 
 #[tokio::test]
@@ -31,14 +29,8 @@ async fn malformed_and_invalid_requests_get_spec_errors() {
         (r#"{"id":1,"method":"eth_chainId"}"#, -32600),
         (r#"{"jsonrpc":"2.0","id":1,"method":7}"#, -32600),
         (r#"{"jsonrpc":"2.0","id":1}"#, -32600),
-        (
-            r#"{"jsonrpc":"2.0","id":[1],"method":"eth_chainId"}"#,
-            -32600,
-        ),
-        (
-            r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":"x"}"#,
-            -32600,
-        ),
+        (r#"{"jsonrpc":"2.0","id":[1],"method":"eth_chainId"}"#, -32600),
+        (r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":"x"}"#, -32600),
     ];
     for (body, code) in cases {
         let (status, answer) = post(&net.client, &url, body.to_string()).await;
@@ -46,26 +38,15 @@ async fn malformed_and_invalid_requests_get_spec_errors() {
         assert_eq!(error_code(&answer), *code, "{body}: {answer}");
     }
     // Inside a batch, each bad element gets its own error and good ones still run.
-    let (_, answer) = post(
-        &net.client,
-        &url,
-        r#"[1, {"jsonrpc":"2.0","id":2,"method":"eth_chainId"}, {"jsonrpc":"2.0","id":3}]"#,
-    )
-    .await;
+    let (_, answer) =
+        post(&net.client, &url, r#"[1, {"jsonrpc":"2.0","id":2,"method":"eth_chainId"}, {"jsonrpc":"2.0","id":3}]"#)
+            .await;
     let answers = answer.as_array().unwrap();
     assert_eq!(error_code(&answers[0]), -32600);
     assert_eq!(answers[1]["result"], "0x7a69");
-    assert_eq!(
-        (error_code(&answers[2]), &answers[2]["id"]),
-        (-32600, &json!(3))
-    );
+    assert_eq!((error_code(&answers[2]), &answers[2]["id"]), (-32600, &json!(3)));
     // The server is still up.
-    let (_, answer) = post(
-        &net.client,
-        &url,
-        r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#,
-    )
-    .await;
+    let (_, answer) = post(&net.client, &url, r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#).await;
     assert_eq!(answer["result"], "0x7a69");
 }
 
@@ -78,17 +59,9 @@ async fn oversized_bodies_and_batches_are_refused() {
     let addr = sluice.addr.clone();
     let answer = tokio::task::spawn_blocking(move || {
         let mut stream = TcpStream::connect(&addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        stream
-            .write_all(
-                format!(
-                    "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
-                    6 << 20
-                )
-                .as_bytes(),
-            )
+            .write_all(format!("POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n", 6 << 20).as_bytes())
             .unwrap();
         let mut text = String::new();
         let _ = stream.read_to_string(&mut text);
@@ -119,29 +92,13 @@ async fn limits_are_configurable_by_environment() {
         ],
     );
     let one = r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#;
-    let (_, answer) = post(
-        &net.client,
-        &sluice.http_url(),
-        format!("[{one},{one},{one}]"),
-    )
-    .await;
+    let (_, answer) = post(&net.client, &sluice.http_url(), format!("[{one},{one},{one}]")).await;
     assert_eq!(error_code(&answer), -32005);
-    let (status, _) = post(
-        &net.client,
-        &sluice.http_url(),
-        format!("[{one},{one},{one},{one},{one}]"),
-    )
-    .await;
+    let (status, _) = post(&net.client, &sluice.http_url(), format!("[{one},{one},{one},{one},{one}]")).await;
     assert_eq!(status, 413);
     // A chunked body (no declared length) is cut off at the limit as it streams in.
     let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>(vec![b' '; 300])]);
-    let response = net
-        .client
-        .post(sluice.http_url())
-        .body(reqwest::Body::wrap_stream(chunks))
-        .send()
-        .await
-        .unwrap();
+    let response = net.client.post(sluice.http_url()).body(reqwest::Body::wrap_stream(chunks)).send().await.unwrap();
     assert_eq!(response.status(), 413);
 }
 
@@ -150,51 +107,30 @@ async fn unreachable_upstream_is_a_clear_error() {
     let dead = format!("http://127.0.0.1:{}", sluice_testkit::free_port());
     let sluice = Sluice::serve(BIN, &dead, &["--log", "error"]);
     let client = reqwest::Client::new();
-    let (status, answer) = post(
-        &client,
-        &sluice.http_url(),
-        r#"{"jsonrpc":"2.0","id":9,"method":"eth_chainId"}"#,
-    )
-    .await;
+    let (status, answer) =
+        post(&client, &sluice.http_url(), r#"{"jsonrpc":"2.0","id":9,"method":"eth_chainId"}"#).await;
     assert_eq!(status, 200);
     assert_eq!(answer["id"], 9);
     assert_eq!(error_code(&answer), -32002);
     assert_eq!(answer["error"]["data"]["reason"], "unreachable");
-    assert!(
-        !answer.to_string().contains("127.0.0.1"),
-        "no upstream internals leak: {answer}"
-    );
+    assert!(!answer.to_string().contains("127.0.0.1"), "no upstream internals leak: {answer}");
 }
 
 #[tokio::test]
 async fn hanging_upstream_times_out() {
     let fake = FakeUpstream::spawn(Fault::Hang).await;
     let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(
-        config.path(),
-        format!(
-            "[[upstreams]]\nurl = \"{}\"\ntimeout = \"300ms\"\n",
-            fake.url
-        ),
-    )
-    .unwrap();
-    let sluice = Sluice::spawn(
-        BIN,
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            config.path().to_str().unwrap(),
-        ],
-    );
+    std::fs::write(config.path(), format!("[[upstreams]]\nurl = \"{}\"\ntimeout = \"300ms\"\n", fake.url)).unwrap();
+    let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--config", config.path().to_str().unwrap()]);
     let client = reqwest::Client::new();
     let started = Instant::now();
-    let (_, answer) = post(&client, &sluice.http_url(), r#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},{"jsonrpc":"2.0","id":2,"method":"eth_blockNumber"}]"#).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "answered promptly"
-    );
+    let (_, answer) = post(
+        &client,
+        &sluice.http_url(),
+        r#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},{"jsonrpc":"2.0","id":2,"method":"eth_blockNumber"}]"#,
+    )
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(3), "answered promptly");
     for item in answer.as_array().unwrap() {
         assert_eq!(error_code(item), -32002);
         assert_eq!(item["error"]["data"]["reason"], "timeout");
@@ -205,25 +141,14 @@ async fn hanging_upstream_times_out() {
 #[tokio::test]
 async fn garbage_from_upstream_is_a_clear_error() {
     for (fault, reason) in [
-        (
-            Fault::Garbage(200, "<html>hello</html>"),
-            "invalid_response",
-        ),
+        (Fault::Garbage(200, "<html>hello</html>"), "invalid_response"),
         (Fault::Garbage(502, "bad gateway"), "http_status"),
-        (
-            Fault::Garbage(200, r#"{"jsonrpc":"2.0","id":999999,"result":"0x1"}"#),
-            "invalid_response",
-        ),
+        (Fault::Garbage(200, r#"{"jsonrpc":"2.0","id":999999,"result":"0x1"}"#), "invalid_response"),
     ] {
         let fake = FakeUpstream::spawn(fault).await;
         let sluice = Sluice::serve(BIN, &fake.url, &["--log", "error"]);
         let client = reqwest::Client::new();
-        let (_, answer) = post(
-            &client,
-            &sluice.http_url(),
-            r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#,
-        )
-        .await;
+        let (_, answer) = post(&client, &sluice.http_url(), r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#).await;
         assert_eq!(error_code(&answer), -32002, "{answer}");
         assert_eq!(answer["error"]["data"]["reason"], reason, "{answer}");
     }
@@ -237,60 +162,32 @@ async fn slow_and_half_open_clients_are_timed_out() {
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(
         config.path(),
-        format!(
-            "[limits]\nclient_timeout = \"500ms\"\n[[upstreams]]\nurl = \"{}\"\n",
-            net.anvil.http_url()
-        ),
+        format!("[limits]\nclient_timeout = \"500ms\"\n[[upstreams]]\nurl = \"{}\"\n", net.anvil.http_url()),
     )
     .unwrap();
-    let sluice = Sluice::spawn(
-        BIN,
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            config.path().to_str().unwrap(),
-        ],
-    );
+    let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--config", config.path().to_str().unwrap()]);
     let addr = sluice.addr.clone();
     tokio::task::spawn_blocking(move || {
         let closed_within = |mut stream: TcpStream| {
-            stream
-                .set_read_timeout(Some(Duration::from_secs(5)))
-                .unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             let started = Instant::now();
             let mut buf = Vec::new();
             let _ = stream.read_to_end(&mut buf);
-            (
-                started.elapsed(),
-                String::from_utf8_lossy(&buf).into_owned(),
-            )
+            (started.elapsed(), String::from_utf8_lossy(&buf).into_owned())
         };
         // Silent client.
         let (waited, _) = closed_within(TcpStream::connect(&addr).unwrap());
-        assert!(
-            waited < Duration::from_secs(3),
-            "silent client held {waited:?}"
-        );
+        assert!(waited < Duration::from_secs(3), "silent client held {waited:?}");
         // Headers never finished.
         let mut stream = TcpStream::connect(&addr).unwrap();
         stream.write_all(b"POST / HTTP/1.1\r\nhost: x\r\n").unwrap();
         let (waited, _) = closed_within(stream);
-        assert!(
-            waited < Duration::from_secs(3),
-            "half-sent headers held {waited:?}"
-        );
+        assert!(waited < Duration::from_secs(3), "half-sent headers held {waited:?}");
         // Body promised but never sent: answered 408 with a JSON-RPC error.
         let mut stream = TcpStream::connect(&addr).unwrap();
-        stream
-            .write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\"")
-            .unwrap();
+        stream.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\"").unwrap();
         let (waited, text) = closed_within(stream);
-        assert!(
-            waited < Duration::from_secs(3),
-            "half-sent body held {waited:?}"
-        );
+        assert!(waited < Duration::from_secs(3), "half-sent body held {waited:?}");
         assert!(text.starts_with("HTTP/1.1 408"), "{text}");
         assert!(text.contains("-32600"), "{text}");
     })

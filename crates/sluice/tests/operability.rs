@@ -16,65 +16,22 @@ async fn health_ready_and_metrics() {
     assert_eq!(get("/health").await.unwrap().status(), 200);
     assert_eq!(get("/ready").await.unwrap().status(), 200);
     assert_eq!(get("/").await.unwrap().status(), 405, "GET without upgrade");
-    post(
-        &net.client,
-        &base,
-        r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#,
-    )
-    .await;
+    post(&net.client, &base, r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#).await;
     post(&net.client, &base, "{").await;
-    let ok = metric(
-        &net.client,
-        &base,
-        r#"sluice_requests_total{method="eth_chainId",outcome="ok"} "#,
-    )
-    .await;
+    let ok = metric(&net.client, &base, r#"sluice_requests_total{method="eth_chainId",outcome="ok"} "#).await;
     assert!(ok >= Some(1.0), "{ok:?}");
-    let bad = metric(
-        &net.client,
-        &base,
-        r#"sluice_requests_total{method="none",outcome="parse_error"} "#,
-    )
-    .await;
+    let bad = metric(&net.client, &base, r#"sluice_requests_total{method="none",outcome="parse_error"} "#).await;
     assert_eq!(bad, Some(1.0));
-    let upstream = metric(
-        &net.client,
-        &base,
-        r#"sluice_upstream_calls_total{upstream="upstream-0",outcome="ok"} "#,
-    )
-    .await;
+    let upstream =
+        metric(&net.client, &base, r#"sluice_upstream_calls_total{upstream="upstream-0",outcome="ok"} "#).await;
     assert!(upstream >= Some(2.0), "{upstream:?}"); // the call above and the readiness probe
     assert!(
-        metric(
-            &net.client,
-            &base,
-            r#"sluice_request_duration_seconds_count{transport="http"} "#
-        )
-        .await
-            >= Some(2.0)
+        metric(&net.client, &base, r#"sluice_request_duration_seconds_count{transport="http"} "#).await >= Some(2.0)
     );
-    assert_eq!(
-        metric(
-            &net.client,
-            &base,
-            r#"sluice_requests_in_flight{transport="http"} "#
-        )
-        .await,
-        Some(0.0)
-    );
+    assert_eq!(metric(&net.client, &base, r#"sluice_requests_in_flight{transport="http"} "#).await, Some(0.0));
 
-    let dead = Sluice::serve(
-        BIN,
-        &format!("http://127.0.0.1:{}", free_port()),
-        &["--log", "error"],
-    );
-    let status = net
-        .client
-        .get(format!("{}/ready", dead.http_url()))
-        .send()
-        .await
-        .unwrap()
-        .status();
+    let dead = Sluice::serve(BIN, &format!("http://127.0.0.1:{}", free_port()), &["--log", "error"]);
+    let status = net.client.get(format!("{}/ready", dead.http_url())).send().await.unwrap().status();
     assert_eq!(status, 503);
 }
 
@@ -88,23 +45,13 @@ async fn headers_say_what_served_and_carry_a_request_id() {
         }
         request.send()
     };
-    let r = send(
-        r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#,
-        Some("trace-42"),
-    )
-    .await
-    .unwrap();
+    let r = send(r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#, Some("trace-42")).await.unwrap();
     assert_eq!(r.headers()["x-sluice-served-by"], "upstream");
     assert_eq!(r.headers()["x-request-id"], "trace-42");
     let r = send("{", None).await.unwrap();
     assert_eq!(r.headers()["x-sluice-served-by"], "local");
     assert!(!r.headers()["x-request-id"].is_empty());
-    let r = send(
-        r#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},2]"#,
-        None,
-    )
-    .await
-    .unwrap();
+    let r = send(r#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},2]"#, None).await.unwrap();
     assert_eq!(r.headers()["x-sluice-served-by"], "mixed");
 }
 
@@ -116,24 +63,14 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
     let url = sluice.http_url();
     let in_flight = tokio::spawn({
         let client = client.clone();
-        async move {
-            post(
-                &client,
-                &url,
-                r#"{"jsonrpc":"2.0","id":5,"method":"eth_chainId"}"#,
-            )
-            .await
-        }
+        async move { post(&client, &url, r#"{"jsonrpc":"2.0","id":5,"method":"eth_chainId"}"#).await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(fake.requests(), 1, "the request reached the upstream");
     let started = Instant::now();
     sluice.terminate();
     let (status, answer) = in_flight.await.unwrap();
-    assert_eq!(
-        (status, answer),
-        (200, json!({"jsonrpc": "2.0", "id": 5, "result": "0x1"}))
-    );
+    assert_eq!((status, answer), (200, json!({"jsonrpc": "2.0", "id": 5, "result": "0x1"})));
     let exit = tokio::task::spawn_blocking(move || {
         let exit = sluice.wait_exit(Duration::from_secs(5));
         (exit, sluice)
@@ -141,52 +78,27 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
     let (exit, sluice) = exit.await.unwrap();
     assert!(exit.expect("exited").success());
     assert!(started.elapsed() < Duration::from_secs(5));
-    assert!(
-        std::net::TcpStream::connect(&sluice.addr).is_err(),
-        "no longer listening"
-    );
+    assert!(std::net::TcpStream::connect(&sluice.addr).is_err(), "no longer listening");
 }
 
 #[test]
 fn config_validate_names_the_bad_key() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.toml");
-    std::fs::write(
-        &good,
-        "listen = \"127.0.0.1:8545\"\n[[upstreams]]\nurl = \"http://127.0.0.1:8546\"\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["config", "validate"])
-        .arg(&good)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    std::fs::write(&good, "listen = \"127.0.0.1:8545\"\n[[upstreams]]\nurl = \"http://127.0.0.1:8546\"\n").unwrap();
+    let out = std::process::Command::new(BIN).args(["config", "validate"]).arg(&good).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
 
     let bad = dir.path().join("bad.toml");
-    std::fs::write(
-        &bad,
-        "[limits]\nmax_batch_len = \"many\"\n[[upstreams]]\nurl = \"http://127.0.0.1:8546\"\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["config", "validate"])
-        .arg(&bad)
-        .output()
+    std::fs::write(&bad, "[limits]\nmax_batch_len = \"many\"\n[[upstreams]]\nurl = \"http://127.0.0.1:8546\"\n")
         .unwrap();
+    let out = std::process::Command::new(BIN).args(["config", "validate"]).arg(&bad).output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("max_batch_len"), "{stderr}");
 
-    let out = std::process::Command::new(BIN)
-        .args(["serve", "--upstream", "ftp://x"])
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(BIN).args(["serve", "--upstream", "ftp://x"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("upstreams[0].url"));
 }
@@ -194,42 +106,15 @@ fn config_validate_names_the_bad_key() {
 #[tokio::test]
 async fn dev_starts_anvil_serves_it_and_stops_it() {
     let anvil = sluice_testkit::foundry_tool("anvil");
-    let mut dev = Sluice::spawn(
-        BIN,
-        &[
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--anvil",
-            anvil.to_str().unwrap(),
-        ],
-    );
-    let anvil_line = dev
-        .preamble
-        .iter()
-        .find(|l| l.starts_with("anvil devnet on"))
-        .expect("anvil line")
-        .clone();
-    let anvil_port: u16 = anvil_line
-        .split("127.0.0.1:")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let mut dev = Sluice::spawn(BIN, &["dev", "--listen", "127.0.0.1:0", "--anvil", anvil.to_str().unwrap()]);
+    let anvil_line = dev.preamble.iter().find(|l| l.starts_with("anvil devnet on")).expect("anvil line").clone();
+    let anvil_port: u16 =
+        anvil_line.split("127.0.0.1:").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     let client = reqwest::Client::new();
-    let chain =
-        sluice_testkit::rpc_result(&client, &dev.http_url(), "eth_chainId", json!([])).await;
+    let chain = sluice_testkit::rpc_result(&client, &dev.http_url(), "eth_chainId", json!([])).await;
     assert_eq!(chain, "0x7a69");
     dev.terminate();
-    let exit = tokio::task::spawn_blocking(move || dev.wait_exit(Duration::from_secs(10)))
-        .await
-        .unwrap();
+    let exit = tokio::task::spawn_blocking(move || dev.wait_exit(Duration::from_secs(10))).await.unwrap();
     assert!(exit.expect("sluice dev exited").success());
-    assert!(
-        std::net::TcpStream::connect(("127.0.0.1", anvil_port)).is_err(),
-        "anvil stopped"
-    );
+    assert!(std::net::TcpStream::connect(("127.0.0.1", anvil_port)).is_err(), "anvil stopped");
 }

@@ -10,20 +10,14 @@ use serde_json::{json, Value};
 use sluice_testkit::{metric, rpc_result, Anvil, Sluice};
 use tokio_tungstenite::tungstenite::Message;
 
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn connect(url: &str) -> Socket {
-    tokio_tungstenite::connect_async(url)
-        .await
-        .expect("websocket connects")
-        .0
+    tokio_tungstenite::connect_async(url).await.expect("websocket connects").0
 }
 
 async fn send(ws: &mut Socket, body: Value) {
-    ws.send(Message::text(body.to_string()))
-        .await
-        .expect("sent");
+    ws.send(Message::text(body.to_string())).await.expect("sent");
 }
 
 /// The next JSON message, within two seconds.
@@ -41,17 +35,10 @@ async fn next(ws: &mut Socket) -> Value {
 }
 
 async fn subscribe(ws: &mut Socket, id: u64, params: Value) -> String {
-    send(
-        ws,
-        json!({"jsonrpc": "2.0", "id": id, "method": "eth_subscribe", "params": params}),
-    )
-    .await;
+    send(ws, json!({"jsonrpc": "2.0", "id": id, "method": "eth_subscribe", "params": params})).await;
     let answer = next(ws).await;
     assert_eq!(answer["id"], id, "{answer}");
-    answer["result"]
-        .as_str()
-        .unwrap_or_else(|| panic!("subscribed: {answer}"))
-        .to_owned()
+    answer["result"].as_str().unwrap_or_else(|| panic!("subscribed: {answer}")).to_owned()
 }
 
 async fn mine(net: &Net) {
@@ -70,13 +57,8 @@ async fn new_heads_arrive_through_sluice_with_the_clients_own_id() {
         assert_eq!(event["method"], "eth_subscription");
         assert_eq!(event["params"]["subscription"], sub.as_str());
         let number = event["params"]["result"]["number"].clone();
-        let block = rpc_result(
-            &net.client,
-            &net.anvil.http_url(),
-            "eth_getBlockByNumber",
-            json!([number, false]),
-        )
-        .await;
+        let block =
+            rpc_result(&net.client, &net.anvil.http_url(), "eth_getBlockByNumber", json!([number, false])).await;
         assert_eq!(event["params"]["result"]["hash"], block["hash"]);
     }
 }
@@ -92,19 +74,11 @@ async fn logs_subscription_and_calls_share_one_socket() {
     assert_eq!(batch[1]["id"], "b");
     // Deploying the contract emits one log.
     let data = format!("0x{}", CONTRACT_INIT.replace(' ', ""));
-    rpc_result(
-        &net.client,
-        &net.anvil.http_url(),
-        "eth_sendTransaction",
-        json!([{"from": DEV_ACCOUNT, "data": data}]),
-    )
-    .await;
+    rpc_result(&net.client, &net.anvil.http_url(), "eth_sendTransaction", json!([{"from": DEV_ACCOUNT, "data": data}]))
+        .await;
     let event = next(&mut ws).await;
     assert_eq!(event["params"]["subscription"], sub.as_str());
-    assert_eq!(
-        event["params"]["result"]["topics"][0],
-        format!("0x{}", "aa".repeat(32))
-    );
+    assert_eq!(event["params"]["result"]["topics"][0], format!("0x{}", "aa".repeat(32)));
 }
 
 #[tokio::test]
@@ -119,34 +93,14 @@ async fn two_clients_get_their_own_ids_and_unsubscribe_stops_events() {
     assert_eq!(next(&mut a).await["params"]["subscription"], sub_a.as_str());
     assert_eq!(next(&mut b).await["params"]["subscription"], sub_b.as_str());
     // A client cannot cancel another's subscription.
-    send(
-        &mut a,
-        json!({"jsonrpc": "2.0", "id": 2, "method": "eth_unsubscribe", "params": [sub_b]}),
-    )
-    .await;
+    send(&mut a, json!({"jsonrpc": "2.0", "id": 2, "method": "eth_unsubscribe", "params": [sub_b]})).await;
     assert_eq!(next(&mut a).await["result"], false);
-    send(
-        &mut a,
-        json!({"jsonrpc": "2.0", "id": 3, "method": "eth_unsubscribe", "params": [sub_a]}),
-    )
-    .await;
+    send(&mut a, json!({"jsonrpc": "2.0", "id": 3, "method": "eth_unsubscribe", "params": [sub_a]})).await;
     assert_eq!(next(&mut a).await["result"], true);
     mine(&net).await;
-    assert_eq!(
-        next(&mut b).await["params"]["subscription"],
-        sub_b.as_str(),
-        "b still subscribed"
-    );
-    send(
-        &mut a,
-        json!({"jsonrpc": "2.0", "id": 4, "method": "eth_chainId"}),
-    )
-    .await;
-    assert_eq!(
-        next(&mut a).await["id"],
-        4,
-        "no event reached a after it unsubscribed"
-    );
+    assert_eq!(next(&mut b).await["params"]["subscription"], sub_b.as_str(), "b still subscribed");
+    send(&mut a, json!({"jsonrpc": "2.0", "id": 4, "method": "eth_chainId"})).await;
+    assert_eq!(next(&mut a).await["id"], 4, "no event reached a after it unsubscribed");
 }
 
 #[tokio::test]
@@ -155,23 +109,11 @@ async fn bad_messages_get_errors_and_the_socket_stays_open() {
     let mut ws = connect(&net.sluice.ws_url()).await;
     ws.send(Message::text("{nope")).await.unwrap();
     assert_eq!(next(&mut ws).await["error"]["code"], -32700);
-    send(
-        &mut ws,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "eth_unsubscribe", "params": "x"}),
-    )
-    .await;
+    send(&mut ws, json!({"jsonrpc": "2.0", "id": 1, "method": "eth_unsubscribe", "params": "x"})).await;
     assert_eq!(next(&mut ws).await["error"]["code"], -32600);
-    send(
-        &mut ws,
-        json!({"jsonrpc": "2.0", "id": 2, "method": "eth_unsubscribe", "params": [1]}),
-    )
-    .await;
+    send(&mut ws, json!({"jsonrpc": "2.0", "id": 2, "method": "eth_unsubscribe", "params": [1]})).await;
     assert_eq!(next(&mut ws).await["error"]["code"], -32602);
-    send(
-        &mut ws,
-        json!({"jsonrpc": "2.0", "id": 3, "method": "eth_chainId"}),
-    )
-    .await;
+    send(&mut ws, json!({"jsonrpc": "2.0", "id": 3, "method": "eth_chainId"})).await;
     assert_eq!(next(&mut ws).await["result"], "0x7a69");
 }
 

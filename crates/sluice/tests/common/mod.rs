@@ -20,8 +20,8 @@ pub const CONTRACT_INIT: &str = concat!(
     "602a600055",                                                         // SSTORE(0, 42)
     "7faaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", // PUSH32 topic
     "60006000a1",                                                         // LOG1(0, 0, topic)
-    "601b80603660003960 00f3", // CODECOPY + RETURN runtime
-    "361560105760005460005260206000f35b602a60005260206000fd", // runtime (27 bytes)
+    "601b80603660003960 00f3",                                            // CODECOPY + RETURN runtime
+    "361560105760005460005260206000f35b602a60005260206000fd",             // runtime (27 bytes)
 );
 
 /// A devnet with the contract deployed, and sluice in front of it.
@@ -41,45 +41,24 @@ impl Net {
         let client = reqwest::Client::new();
         let direct = anvil.http_url();
         let data = format!("0x{}", CONTRACT_INIT.replace(' ', ""));
-        let deploy_tx = rpc_result(
-            &client,
-            &direct,
-            "eth_sendTransaction",
-            json!([{"from": DEV_ACCOUNT, "data": data}]),
-        )
-        .await
-        .as_str()
-        .expect("a tx hash")
-        .to_owned();
+        let deploy_tx =
+            rpc_result(&client, &direct, "eth_sendTransaction", json!([{"from": DEV_ACCOUNT, "data": data}]))
+                .await
+                .as_str()
+                .expect("a tx hash")
+                .to_owned();
         let receipt = wait_receipt(&client, &direct, &deploy_tx).await;
         assert_eq!(receipt["status"], "0x1", "contract deployed: {receipt}");
-        let contract = receipt["contractAddress"]
-            .as_str()
-            .expect("contract address")
-            .to_owned();
-        let deploy_block = receipt["blockHash"]
-            .as_str()
-            .expect("block hash")
-            .to_owned();
+        let contract = receipt["contractAddress"].as_str().expect("contract address").to_owned();
+        let deploy_block = receipt["blockHash"].as_str().expect("block hash").to_owned();
         let sluice = Sluice::serve(BIN, &direct, extra);
-        Net {
-            anvil,
-            sluice,
-            client,
-            contract,
-            deploy_tx,
-            deploy_block,
-        }
+        Net { anvil, sluice, client, contract, deploy_tx, deploy_block }
     }
 
     /// Sends the same raw body to sluice and to anvil; returns (through sluice, direct).
     pub async fn both(&self, body: &str) -> (Value, Value) {
-        let via = sluice_testkit::post(&self.client, &self.sluice.http_url(), body.to_owned())
-            .await
-            .1;
-        let direct = sluice_testkit::post(&self.client, &self.anvil.http_url(), body.to_owned())
-            .await
-            .1;
+        let via = sluice_testkit::post(&self.client, &self.sluice.http_url(), body.to_owned()).await.1;
+        let direct = sluice_testkit::post(&self.client, &self.anvil.http_url(), body.to_owned()).await.1;
         (via, direct)
     }
 
@@ -99,18 +78,9 @@ impl Net {
             ("eth_getStorageAt", json!([c, "0x0", "latest"])),
             ("eth_call", json!([{"to": c, "data": "0x01"}, "latest"])),
             ("eth_call", json!([{"to": c}, "latest"])),
-            (
-                "eth_estimateGas",
-                json!([{"from": DEV_ACCOUNT, "to": c, "data": "0x01"}]),
-            ),
-            (
-                "eth_getLogs",
-                json!([{"fromBlock": "0x0", "toBlock": "latest"}]),
-            ),
-            (
-                "eth_getLogs",
-                json!([{"fromBlock": "0x0", "toBlock": "latest", "address": c}]),
-            ),
+            ("eth_estimateGas", json!([{"from": DEV_ACCOUNT, "to": c, "data": "0x01"}])),
+            ("eth_getLogs", json!([{"fromBlock": "0x0", "toBlock": "latest"}])),
+            ("eth_getLogs", json!([{"fromBlock": "0x0", "toBlock": "latest", "address": c}])),
             ("eth_getTransactionByHash", json!([self.deploy_tx])),
             ("eth_getTransactionReceipt", json!([self.deploy_tx])),
             ("eth_feeHistory", json!(["0x2", "latest", [25, 75]])),
@@ -118,15 +88,7 @@ impl Net {
             ("eth_doesNotExist", json!([])),
             ("eth_getBalance", json!(["not-an-address", "latest"])),
         ];
-        for tag in [
-            "latest",
-            "earliest",
-            "pending",
-            "safe",
-            "finalized",
-            "0x1",
-            "0x0",
-        ] {
+        for tag in ["latest", "earliest", "pending", "safe", "finalized", "0x1", "0x0"] {
             corpus.push(("eth_getBlockByNumber", json!([tag, false])));
             corpus.push(("eth_getBlockByNumber", json!([tag, true])));
         }

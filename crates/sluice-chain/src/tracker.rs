@@ -1,0 +1,334 @@
+//! The head tracker: a state machine fed block headers, and the snapshots it publishes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::tag::{parse_quantity, BlockTag};
+
+/// The part of a block header the tracker needs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Header {
+    /// Block number.
+    #[serde(deserialize_with = "quantity")]
+    pub number: u64,
+    /// Block hash, lower-case.
+    #[serde(deserialize_with = "lower")]
+    pub hash: String,
+    /// Parent block hash, lower-case.
+    #[serde(rename = "parentHash", deserialize_with = "lower")]
+    pub parent_hash: String,
+}
+
+fn quantity<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let s = <&str>::deserialize(d)?;
+    parse_quantity(s).ok_or_else(|| serde::de::Error::custom("not a quantity"))
+}
+
+fn lower<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(String::deserialize(d)?.to_ascii_lowercase())
+}
+
+/// What feeding one header did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Feed {
+    /// A new block on top of (or filling in) the known chain.
+    Extended,
+    /// Blocks at `fork_point` and above were replaced.
+    Reorg {
+        /// The lowest height whose block changed.
+        fork_point: u64,
+    },
+    /// Already known.
+    Known,
+    /// Older than the tracked window; ignored.
+    Stale,
+    /// The parent is unknown or differs from ours: feed the block with this hash first.
+    NeedParent {
+        /// The parent's height.
+        number: u64,
+        /// The parent's hash.
+        hash: String,
+    },
+}
+
+/// What consumers (cache, pool) are told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChainEvent {
+    /// A new head at this height.
+    NewHead(u64),
+    /// Everything cached for blocks at `fork_point` and above may be wrong.
+    Reorg {
+        /// The lowest height whose block changed.
+        fork_point: u64,
+    },
+}
+
+/// Keeps the recent canonical chain (height → hash) within a window, and the safe and
+/// finalized heights reported by the node.
+#[derive(Debug)]
+pub struct HeadTracker {
+    blocks: BTreeMap<u64, String>,
+    parents: BTreeMap<u64, String>,
+    window: usize,
+    safe: Option<u64>,
+    finalized: Option<u64>,
+    epoch: u64,
+}
+
+impl HeadTracker {
+    /// A tracker that remembers the last `window` blocks.
+    pub fn new(window: usize) -> Self {
+        Self {
+            blocks: BTreeMap::new(),
+            parents: BTreeMap::new(),
+            window: window.max(2),
+            safe: None,
+            finalized: None,
+            epoch: 0,
+        }
+    }
+
+    /// The newest height known.
+    pub fn latest(&self) -> Option<u64> {
+        self.blocks.last_key_value().map(|(n, _)| *n)
+    }
+
+    /// Feeds one header (from newHeads, a poll, or a parent fetched on request).
+    pub fn feed(&mut self, header: Header) -> Feed {
+        if self.blocks.get(&header.number) == Some(&header.hash) {
+            return Feed::Known;
+        }
+        let lowest = self.blocks.first_key_value().map(|(n, _)| *n);
+        if lowest.is_some_and(|lowest| header.number < lowest) {
+            return Feed::Stale;
+        }
+        let links = match (header.number.checked_sub(1), lowest) {
+            (_, None) | (None, _) => true,
+            (Some(parent), Some(lowest)) if parent < lowest => {
+                // The parent is below the window: a reorg deeper than we can check. Start over
+                // from this block and report everything we knew as replaced.
+                self.blocks.clear();
+                self.parents.clear();
+                self.insert(header);
+                self.epoch += 1;
+                return Feed::Reorg { fork_point: lowest };
+            }
+            (Some(parent), Some(_)) => self.blocks.get(&parent) == Some(&header.parent_hash),
+        };
+        if !links {
+            return Feed::NeedParent { number: header.number - 1, hash: header.parent_hash };
+        }
+        let replaced = self.blocks.split_off(&header.number);
+        self.parents.split_off(&header.number);
+        self.insert(header.clone());
+        if replaced.is_empty() {
+            Feed::Extended
+        } else {
+            self.epoch += 1;
+            Feed::Reorg { fork_point: header.number }
+        }
+    }
+
+    fn insert(&mut self, header: Header) {
+        self.blocks.insert(header.number, header.hash);
+        self.parents.insert(header.number, header.parent_hash);
+        while self.blocks.len() > self.window {
+            self.blocks.pop_first();
+            self.parents.pop_first();
+        }
+    }
+
+    /// Records the node's finalized height (it only moves forward).
+    pub fn set_finalized(&mut self, number: u64) {
+        self.finalized = Some(self.finalized.map_or(number, |f| f.max(number)));
+    }
+
+    /// Records the node's safe height (it only moves forward).
+    pub fn set_safe(&mut self, number: u64) {
+        self.safe = Some(self.safe.map_or(number, |s| s.max(number)));
+    }
+
+    /// A snapshot for readers.
+    pub fn view(&self) -> ChainView {
+        ChainView {
+            hashes: Arc::new(self.blocks.clone()),
+            safe: self.safe,
+            finalized: self.finalized,
+            epoch: self.epoch,
+        }
+    }
+}
+
+/// An immutable snapshot of the tracker: resolves block parameters without locks.
+#[derive(Debug, Clone, Default)]
+pub struct ChainView {
+    hashes: Arc<BTreeMap<u64, String>>,
+    /// The node's safe height.
+    pub safe: Option<u64>,
+    /// The node's finalized height.
+    pub finalized: Option<u64>,
+    /// Counts reorgs seen; an answer planned in one epoch must not be stored in another.
+    pub epoch: u64,
+}
+
+/// A block parameter resolved against a [`ChainView`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// A block of the canonical chain.
+    Block {
+        /// Its height.
+        number: u64,
+        /// Its hash when the view knows it.
+        hash: Option<String>,
+        /// At or below the finalized height: can never change.
+        finalized: bool,
+    },
+    /// A block named by hash: its content can never change.
+    Hash(String),
+    /// `pending`, a height beyond the head, or one the view cannot vouch for.
+    Unresolvable,
+}
+
+impl ChainView {
+    /// The head: height and hash.
+    pub fn latest(&self) -> Option<(u64, &str)> {
+        self.hashes.last_key_value().map(|(n, h)| (*n, h.as_str()))
+    }
+
+    /// The hash of a recent canonical block.
+    pub fn hash_of(&self, number: u64) -> Option<&str> {
+        self.hashes.get(&number).map(String::as_str)
+    }
+
+    /// True when `number` can never be reorganised.
+    pub fn is_finalized(&self, number: u64) -> bool {
+        self.finalized.is_some_and(|f| number <= f)
+    }
+
+    /// Resolves a block parameter. A height is resolvable when it is finalized, or when the
+    /// view knows its hash (so a cache key can name the exact block).
+    pub fn resolve(&self, tag: &BlockTag) -> Resolved {
+        let number = match tag {
+            BlockTag::Hash(hash) => return Resolved::Hash(hash.clone()),
+            BlockTag::Pending => return Resolved::Unresolvable,
+            BlockTag::Latest => self.latest().map(|(n, _)| n),
+            BlockTag::Safe => self.safe,
+            BlockTag::Finalized => self.finalized,
+            BlockTag::Earliest => Some(0),
+            BlockTag::Number(n) => Some(*n),
+        };
+        let (Some(number), Some((latest, _))) = (number, self.latest()) else {
+            return Resolved::Unresolvable;
+        };
+        if number > latest {
+            return Resolved::Unresolvable;
+        }
+        let hash = self.hash_of(number).map(str::to_owned);
+        let finalized = self.is_finalized(number);
+        if hash.is_none() && !finalized {
+            return Resolved::Unresolvable;
+        }
+        Resolved::Block { number, hash, finalized }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(number: u64, fork: char) -> Header {
+        let hash = |n: u64, f: char| format!("0x{f}{n:063x}");
+        let parent_fork = if number == 0 { 'a' } else { fork };
+        Header {
+            number,
+            hash: hash(number, fork),
+            parent_hash: if number == 0 { hash(0, 'z') } else { hash(number - 1, parent_fork) },
+        }
+    }
+
+    fn chain(t: &mut HeadTracker, range: std::ops::RangeInclusive<u64>, fork: char) {
+        for n in range {
+            assert_ne!(t.feed(h(n, fork)), Feed::Stale);
+        }
+    }
+
+    #[test]
+    fn extends_and_ignores_duplicates() {
+        let mut t = HeadTracker::new(16);
+        assert_eq!(t.feed(h(5, 'a')), Feed::Extended);
+        assert_eq!(t.feed(h(6, 'a')), Feed::Extended);
+        assert_eq!(t.feed(h(6, 'a')), Feed::Known);
+        assert_eq!(t.latest(), Some(6));
+    }
+
+    #[test]
+    fn a_new_block_at_a_known_height_is_a_reorg() {
+        let mut t = HeadTracker::new(16);
+        chain(&mut t, 0..=5, 'a');
+        // Block 5 on fork b has parent 4 on fork b, which we do not have.
+        assert_eq!(t.feed(h(5, 'b')), Feed::NeedParent { number: 4, hash: h(4, 'b').hash });
+        assert_eq!(t.feed(h(4, 'b')), Feed::NeedParent { number: 3, hash: h(3, 'b').hash });
+        // Fork b's block 3 builds on fork a's block 2 in this test.
+        let mut three = h(3, 'b');
+        three.parent_hash = h(2, 'a').hash;
+        let epoch = t.view().epoch;
+        assert_eq!(t.feed(three), Feed::Reorg { fork_point: 3 });
+        assert_eq!(t.feed(h(4, 'b')), Feed::Extended);
+        assert_eq!(t.feed(h(5, 'b')), Feed::Extended);
+        let view = t.view();
+        assert_eq!(view.epoch, epoch + 1);
+        assert_eq!(view.hash_of(2), Some(h(2, 'a').hash.as_str()));
+        assert_eq!(view.hash_of(4), Some(h(4, 'b').hash.as_str()));
+    }
+
+    #[test]
+    fn a_gap_asks_for_the_missing_parents() {
+        let mut t = HeadTracker::new(16);
+        chain(&mut t, 0..=3, 'a');
+        assert_eq!(t.feed(h(6, 'a')), Feed::NeedParent { number: 5, hash: h(5, 'a').hash });
+    }
+
+    #[test]
+    fn a_shorter_fork_drops_the_blocks_above_it() {
+        let mut t = HeadTracker::new(16);
+        chain(&mut t, 0..=6, 'a');
+        let mut four = h(4, 'b');
+        four.parent_hash = h(3, 'a').hash;
+        assert_eq!(t.feed(four), Feed::Reorg { fork_point: 4 });
+        assert_eq!(t.latest(), Some(4));
+    }
+
+    #[test]
+    fn the_window_is_bounded_and_deeper_reorgs_reset() {
+        let mut t = HeadTracker::new(4);
+        chain(&mut t, 0..=9, 'a');
+        assert_eq!(t.view().hash_of(5), None);
+        assert_eq!(t.feed(h(3, 'a')), Feed::Stale);
+        // A block at the lowest tracked height whose parent we cannot see.
+        assert_eq!(t.feed(h(6, 'b')), Feed::Reorg { fork_point: 6 });
+        assert_eq!(t.latest(), Some(6));
+    }
+
+    #[test]
+    fn resolves_tags_against_the_view() {
+        let mut t = HeadTracker::new(8);
+        assert_eq!(t.view().resolve(&BlockTag::Latest), Resolved::Unresolvable, "no head yet");
+        chain(&mut t, 0..=20, 'a');
+        t.set_finalized(10);
+        t.set_safe(15);
+        t.set_finalized(9); // never moves back
+        let v = t.view();
+        let hash = |n| Some(h(n, 'a').hash);
+        assert_eq!(v.resolve(&BlockTag::Latest), Resolved::Block { number: 20, hash: hash(20), finalized: false });
+        assert_eq!(v.resolve(&BlockTag::Safe), Resolved::Block { number: 15, hash: hash(15), finalized: false });
+        assert_eq!(v.resolve(&BlockTag::Finalized), Resolved::Block { number: 10, hash: None, finalized: true });
+        assert_eq!(v.resolve(&BlockTag::Earliest), Resolved::Block { number: 0, hash: None, finalized: true });
+        assert_eq!(v.resolve(&BlockTag::Number(21)), Resolved::Unresolvable, "beyond the head");
+        assert_eq!(v.resolve(&BlockTag::Pending), Resolved::Unresolvable);
+        let mut unfinalized = HeadTracker::new(4);
+        chain(&mut unfinalized, 0..=20, 'a');
+        assert_eq!(unfinalized.view().resolve(&BlockTag::Number(3)), Resolved::Unresolvable, "no hash, not final");
+    }
+}
