@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what sluice's tests and `sluice dev` need, only when missing:
 #   - anvil and cast (pinned Foundry npm packages) into the git-ignored .tools/ folder;
-#   - node/npm from Debian when the machine has none (needs root, as on CI).
+#   - node/npm and redis-server from Debian when the machine has none (needs root, as on CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +23,7 @@ apt_install() {
 }
 
 command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+command -v redis-server >/dev/null 2>&1 || apt_install redis-server
 
 installed_version() { "$1" --version 2>/dev/null | grep -o "$FOUNDRY_VERSION" | head -n1; }
 if [ ! -x "$ANVIL" ] || [ ! -x "$CAST" ] || [ "$(installed_version "$ANVIL")" != "$FOUNDRY_VERSION" ]; then

@@ -22,8 +22,9 @@ pub struct Header {
 }
 
 fn quantity<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    let s = <&str>::deserialize(d)?;
-    parse_quantity(s).ok_or_else(|| serde::de::Error::custom("not a quantity"))
+    // Owned, not borrowed: headers are read from raw text and from `serde_json::Value`s alike.
+    let s = String::deserialize(d)?;
+    parse_quantity(&s).ok_or_else(|| serde::de::Error::custom("not a quantity"))
 }
 
 fn lower<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
@@ -75,6 +76,7 @@ pub struct HeadTracker {
     safe: Option<u64>,
     finalized: Option<u64>,
     epoch: u64,
+    chain_id: Option<u64>,
 }
 
 impl HeadTracker {
@@ -87,7 +89,13 @@ impl HeadTracker {
             safe: None,
             finalized: None,
             epoch: 0,
+            chain_id: None,
         }
+    }
+
+    /// Records the node's chain id.
+    pub fn set_chain_id(&mut self, chain_id: u64) {
+        self.chain_id = Some(chain_id);
     }
 
     /// The newest height known.
@@ -157,6 +165,7 @@ impl HeadTracker {
             safe: self.safe,
             finalized: self.finalized,
             epoch: self.epoch,
+            chain_id: self.chain_id,
         }
     }
 }
@@ -171,6 +180,8 @@ pub struct ChainView {
     pub finalized: Option<u64>,
     /// Counts reorgs seen; an answer planned in one epoch must not be stored in another.
     pub epoch: u64,
+    /// The node's chain id, once known.
+    pub chain_id: Option<u64>,
 }
 
 /// A block parameter resolved against a [`ChainView`].
@@ -252,6 +263,15 @@ mod tests {
         for n in range {
             assert_ne!(t.feed(h(n, fork)), Feed::Stale);
         }
+    }
+
+    #[test]
+    fn headers_read_from_text_and_from_values() {
+        let text = r#"{"number":"0x0","hash":"0xAB","parentHash":"0x00","miner":"0x1"}"#;
+        let from_text: Header = serde_json::from_str(text).unwrap();
+        let from_value: Header = serde_json::from_value(serde_json::from_str(text).unwrap()).unwrap();
+        assert_eq!(from_text, from_value);
+        assert_eq!((from_text.number, from_text.hash.as_str()), (0, "0xab"));
     }
 
     #[test]

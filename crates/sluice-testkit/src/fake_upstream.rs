@@ -17,6 +17,16 @@ pub enum Fault {
     Garbage(u16, &'static str),
     /// Answers `{"result":"0x1"}` with the request's id, after a delay.
     Slow(Duration),
+    /// Relays to a real node after a delay, except bodies mentioning `fail_method`, which get
+    /// HTTP 502 after the same delay. Counts requests by method for coalescing tests.
+    Relay {
+        /// The real node's URL.
+        to: String,
+        /// Added before answering.
+        delay: Duration,
+        /// A method to fail.
+        fail_method: Option<&'static str>,
+    },
 }
 
 /// A fake upstream on a loopback port; stops when dropped.
@@ -24,6 +34,7 @@ pub struct FakeUpstream {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     requests: Arc<AtomicUsize>,
+    bodies: Arc<std::sync::Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -33,17 +44,23 @@ impl FakeUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let requests = Arc::new(AtomicUsize::new(0));
-        let counter = requests.clone();
+        let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (counter, log) = (requests.clone(), bodies.clone());
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let fault = fault.clone();
-                let counter = counter.clone();
+                let (fault, counter, log) = (fault.clone(), counter.clone(), log.clone());
                 tokio::spawn(async move {
-                    let _ = answer(stream, fault, counter).await;
+                    let _ = answer(stream, fault, counter, log).await;
                 });
             }
         });
-        Self { url, requests, task }
+        Self { url, requests, bodies, task }
+    }
+
+    /// How many requests mentioned `method` (a batch counts once per request).
+    pub fn requests_for(&self, method: &str) -> usize {
+        let needle = format!("\"{method}\"");
+        self.bodies.lock().unwrap().iter().filter(|b| b.contains(&needle)).count()
     }
 
     /// How many requests arrived.
@@ -58,10 +75,30 @@ impl Drop for FakeUpstream {
     }
 }
 
-async fn answer(mut stream: TcpStream, fault: Fault, counter: Arc<AtomicUsize>) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    fault: Fault,
+    counter: Arc<AtomicUsize>,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+) -> std::io::Result<()> {
     let body = read_request(&mut stream).await?;
     counter.fetch_add(1, Ordering::SeqCst);
+    log.lock().unwrap().push(String::from_utf8_lossy(&body).into_owned());
     let (status, payload) = match fault {
+        Fault::Relay { to, delay, fail_method } => {
+            tokio::time::sleep(delay).await;
+            let text = String::from_utf8_lossy(&body);
+            if fail_method.is_some_and(|m| text.contains(&format!("\"{m}\""))) {
+                (502, "bad gateway".to_owned())
+            } else {
+                let client = reqwest::Client::new();
+                let relayed = client.post(&to).header("content-type", "application/json").body(body).send().await;
+                match relayed {
+                    Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+                    Err(_) => (502, "relay failed".to_owned()),
+                }
+            }
+        }
         Fault::Hang => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
             return Ok(());

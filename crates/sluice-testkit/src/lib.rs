@@ -90,6 +90,54 @@ fn wait_for_port(port: u16, within: Duration) {
     }
 }
 
+/// A real `redis-server` on a free loopback port, with persistence off; killed on drop.
+pub struct RedisServer {
+    child: Option<Child>,
+    /// Its port.
+    pub port: u16,
+}
+
+impl RedisServer {
+    /// Starts redis-server from PATH (installed by scripts/install-tools.sh).
+    pub fn spawn() -> Self {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts (run scripts/install-tools.sh)");
+        wait_for_port(port, Duration::from_secs(10));
+        Self { child: Some(child), port }
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Number of keys, via redis-cli.
+    pub fn dbsize(&self) -> u64 {
+        let out =
+            Command::new("redis-cli").args(["-p", &self.port.to_string(), "dbsize"]).output().expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0)
+    }
+
+    /// Kills the server now.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// The real `sluice` binary, killed on drop.
 pub struct Sluice {
     child: Child,

@@ -9,6 +9,7 @@
 //! one or a broken answer, and turned into JSON-RPC errors that never leak upstream internals.
 
 mod error;
+mod heads;
 mod http;
 mod socket;
 
@@ -16,6 +17,7 @@ use async_trait::async_trait;
 use sluice_jsonrpc::{Outcome, Request};
 
 pub use error::UpstreamError;
+pub use heads::{spawn_head_watcher, HeadConfig, HeadFeed};
 pub use http::{HttpUpstream, HttpUpstreamConfig};
 pub use socket::{Notification, UpstreamSocket};
 

@@ -24,6 +24,68 @@ pub struct Config {
     /// Client limits.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// The response cache.
+    #[serde(default)]
+    pub cache: CacheConfig,
+}
+
+/// The response cache (see docs/cache.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Cache answers and follow the chain head; off: every call goes upstream.
+    pub enabled: bool,
+    /// Bytes the memory tier may hold (keys and results).
+    pub memory_bytes: u64,
+    /// Recent blocks the head tracker remembers.
+    pub window: usize,
+    /// How often to poll the head when the upstream has no newHeads subscription.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Optional shared tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisSection>,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            memory_bytes: 256 * 1024 * 1024,
+            window: 512,
+            poll_interval: Duration::from_secs(1),
+            redis: None,
+        }
+    }
+}
+
+/// The shared Redis tier.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSection {
+    /// `redis://host:port/db`.
+    pub url: String,
+    /// Deadline per Redis operation; slower counts as a failure (and the call goes on without).
+    #[serde(default = "default_redis_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Time to live for answers that never change.
+    #[serde(default = "default_ttl_immutable", with = "humantime_serde")]
+    pub ttl_immutable: Duration,
+    /// Time to live for answers tied to a block that is not final yet.
+    #[serde(default = "default_ttl_head", with = "humantime_serde")]
+    pub ttl_head: Duration,
+}
+
+fn default_redis_timeout() -> Duration {
+    Duration::from_millis(100)
+}
+
+fn default_ttl_immutable() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+fn default_ttl_head() -> Duration {
+    Duration::from_secs(600)
 }
 
 /// One upstream node.
@@ -224,6 +286,15 @@ impl Config {
             anyhow::ensure!(value > 0, "{key}: must be more than zero");
         }
         anyhow::ensure!(!l.client_timeout.is_zero(), "limits.client_timeout: must be more than zero");
+        let c = &self.cache;
+        anyhow::ensure!(c.memory_bytes > 0, "cache.memory_bytes: must be more than zero");
+        anyhow::ensure!(c.window >= 2, "cache.window: must be at least 2");
+        anyhow::ensure!(!c.poll_interval.is_zero(), "cache.poll_interval: must be more than zero");
+        if let Some(redis) = &c.redis {
+            let url = url::Url::parse(&redis.url).map_err(|e| anyhow::anyhow!("cache.redis.url: {e}"))?;
+            anyhow::ensure!(url.scheme() == "redis", "cache.redis.url: must be a redis:// URL");
+            anyhow::ensure!(!redis.timeout.is_zero(), "cache.redis.timeout: must be more than zero");
+        }
         Ok(())
     }
 }

@@ -3,14 +3,17 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use sluice_cache::{CacheLayer, RedisConfig, RedisTier};
 use sluice_gateway::{Gateway, Limits};
-use sluice_upstream::{HttpUpstream, HttpUpstreamConfig};
+use sluice_upstream::{spawn_head_watcher, HeadConfig, HttpUpstream, HttpUpstreamConfig, Upstreams};
 use tokio::net::TcpListener;
 
 use crate::config::Config;
 
 /// Binds the listener, prints where sluice listens, and serves until `shutdown` resolves.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    // Install the metrics recorder before anything records (the head watcher starts first).
+    sluice_gateway::telemetry::prometheus();
     let upstream = config.upstreams.first().ok_or_else(|| anyhow::anyhow!("no upstream configured"))?;
     if config.upstreams.len() > 1 {
         tracing::warn!(
@@ -26,7 +29,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         max_response_bytes: upstream.max_response_bytes,
     })
     .map_err(anyhow::Error::msg)?;
-    let gateway = Gateway::new(Arc::new(client), Some(ws_url), upstream.timeout, Limits::from(&config.limits));
+    let client: Arc<dyn Upstreams> = Arc::new(client);
+    let upstreams = if config.cache.enabled { with_cache(&config, client, &ws_url)? } else { client };
+    let gateway = Gateway::new(upstreams, Some(ws_url), upstream.timeout, Limits::from(&config.limits));
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
@@ -37,6 +42,26 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     sluice_gateway::serve(listener, gateway, shutdown).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Wraps the upstream in the cache, fed by a head watcher on the same node.
+fn with_cache(config: &Config, upstream: Arc<dyn Upstreams>, ws_url: &str) -> anyhow::Result<Arc<dyn Upstreams>> {
+    let cache = &config.cache;
+    let heads = HeadConfig { window: cache.window, poll_interval: cache.poll_interval, ..HeadConfig::default() };
+    let feed = spawn_head_watcher(upstream.clone(), Some(ws_url.to_owned()), heads);
+    let redis = match &cache.redis {
+        Some(r) => Some(
+            RedisTier::new(RedisConfig {
+                url: r.url.clone(),
+                timeout: r.timeout,
+                ttl_immutable: r.ttl_immutable,
+                ttl_head: r.ttl_head,
+            })
+            .map_err(anyhow::Error::msg)?,
+        ),
+        None => None,
+    };
+    Ok(Arc::new(CacheLayer::new(upstream, &feed, cache.memory_bytes, redis)))
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

@@ -120,7 +120,11 @@ async fn unreachable_upstream_is_a_clear_error() {
 async fn hanging_upstream_times_out() {
     let fake = FakeUpstream::spawn(Fault::Hang).await;
     let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), format!("[[upstreams]]\nurl = \"{}\"\ntimeout = \"300ms\"\n", fake.url)).unwrap();
+    std::fs::write(
+        config.path(),
+        format!("[cache]\nenabled = false\n[[upstreams]]\nurl = \"{}\"\ntimeout = \"300ms\"\n", fake.url),
+    )
+    .unwrap();
     let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--config", config.path().to_str().unwrap()]);
     let client = reqwest::Client::new();
     let started = Instant::now();

@@ -1,0 +1,170 @@
+//! The caching layer: an [`Upstreams`] that wraps another.
+//!
+//! Per call: plan → local answer, or memory → (coalesced: redis → upstream → store) → answer.
+//! Calls that are not cacheable go straight to the inner upstreams, a batch's as one batch.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sluice_chain::{ChainEvent, ChainView};
+use sluice_jsonrpc::{Outcome, RawValue, Request};
+use sluice_upstream::{Answer, HeadFeed, Source, UpstreamError, Upstreams};
+use tokio::sync::watch;
+
+use crate::coalesce::Coalescer;
+use crate::memory::{Entry, MemoryTier};
+use crate::policy::{admit, plan, Cacheable, Plan};
+use crate::redis_tier::RedisTier;
+
+/// An answer fetched on a miss, shared with coalesced callers.
+#[derive(Clone)]
+struct Fetched {
+    outcome: Outcome,
+    source: Source,
+}
+
+struct Shared {
+    inner: Arc<dyn Upstreams>,
+    view: watch::Receiver<Arc<ChainView>>,
+    memory: MemoryTier,
+    redis: Option<RedisTier>,
+}
+
+/// The cache in front of an [`Upstreams`].
+pub struct CacheLayer {
+    shared: Arc<Shared>,
+    coalescer: Coalescer<String, Result<Fetched, UpstreamError>>,
+}
+
+impl CacheLayer {
+    /// Wraps `inner`; follows `feed` to resolve blocks and to evict on reorgs.
+    pub fn new(inner: Arc<dyn Upstreams>, feed: &HeadFeed, memory_bytes: u64, redis: Option<RedisTier>) -> Self {
+        let shared = Arc::new(Shared { inner, view: feed.view.clone(), memory: MemoryTier::new(memory_bytes), redis });
+        let weak = Arc::downgrade(&shared);
+        let mut events = feed.events.subscribe();
+        tokio::spawn(async move {
+            let mut gauge = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                let event = tokio::select! {
+                    event = events.recv() => event,
+                    _ = gauge.tick() => {
+                        let Some(shared) = weak.upgrade() else { return };
+                        metrics::gauge!("sluice_cache_bytes").set(shared.memory.weighted_size() as f64);
+                        continue;
+                    }
+                };
+                let Some(shared) = weak.upgrade() else { return };
+                match event {
+                    Ok(ChainEvent::Reorg { fork_point }) => shared.memory.evict_from(fork_point),
+                    Ok(ChainEvent::NewHead(_)) => {}
+                    // Missed events: a reorg may be among them, and its depth is unknown.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => shared.memory.evict_from(0),
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Self { shared, coalescer: Coalescer::default() }
+    }
+
+    async fn cached(&self, req: &Request, plan: Cacheable) -> Result<Answer, UpstreamError> {
+        if let Some(entry) = self.shared.memory.get(&plan.key) {
+            metrics::counter!("sluice_cache_hits_total", "tier" => "memory").increment(1);
+            return Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory });
+        }
+        let (shared, request, key) = (self.shared.clone(), req.clone(), plan.key.clone());
+        let (fetched, leader) = self.coalescer.run(key, move || fetch(shared, request, plan)).await;
+        if !leader {
+            metrics::counter!("sluice_cache_coalesced_total").increment(1);
+        }
+        match fetched {
+            Some(Ok(Fetched { outcome, source })) => {
+                Ok(Answer { outcome, source: if leader { source } else { Source::Coalesced } })
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(UpstreamError::InvalidResponse("shared upstream call failed")),
+        }
+    }
+}
+
+/// A miss: Redis, then the upstream; stores what may be stored.
+async fn fetch(shared: Arc<Shared>, req: Request, plan: Cacheable) -> Result<Fetched, UpstreamError> {
+    let chain_id = shared.view.borrow().chain_id;
+    if let (Some(redis), Some(chain_id)) = (&shared.redis, chain_id) {
+        if let Some((result, max_block)) = redis.get(chain_id, &plan.key).await {
+            metrics::counter!("sluice_cache_hits_total", "tier" => "redis").increment(1);
+            shared.memory.insert(plan.key, Entry { result: result.clone(), max_block });
+            return Ok(Fetched { outcome: Outcome::Result(result), source: Source::Redis });
+        }
+    }
+    metrics::counter!("sluice_cache_misses_total").increment(1);
+    let forwarded = match &plan.forward {
+        Some(params) => {
+            let params = RawValue::from_string(params.clone()).map_err(|_| UpstreamError::InvalidResponse("params"))?;
+            Request::new(req.id.clone(), req.method.clone(), Some(params))
+        }
+        None => req,
+    };
+    let answer = shared.inner.call(&forwarded).await?;
+    if let Outcome::Result(result) = &answer.outcome {
+        let now = shared.view.borrow().clone();
+        if let Some(max_block) = admit(&plan, result.get(), &now) {
+            if let (Some(redis), Some(chain_id)) = (&shared.redis, now.chain_id) {
+                redis.put(chain_id, &plan.key, result, max_block);
+            }
+            shared.memory.insert(plan.key, Entry { result: result.clone(), max_block });
+        }
+    }
+    Ok(Fetched { outcome: answer.outcome, source: Source::Upstream })
+}
+
+fn local(value: serde_json::Value) -> Answer {
+    let raw = serde_json::value::to_raw_value(&value).unwrap_or_default();
+    Answer { outcome: Outcome::Result(raw), source: Source::Local }
+}
+
+#[async_trait]
+impl Upstreams for CacheLayer {
+    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
+        let view = self.shared.view.borrow().clone();
+        match plan(&req.method, req.params_text(), &view) {
+            Plan::Local(value) => Ok(local(value)),
+            Plan::Cache(plan) => self.cached(req, plan).await,
+            Plan::Pass => self.shared.inner.call(req).await,
+        }
+    }
+
+    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
+        let view = self.shared.view.borrow().clone();
+        let mut results: Vec<Option<Result<Answer, UpstreamError>>> = Vec::with_capacity(reqs.len());
+        let mut passed = Vec::new();
+        let mut cached = Vec::new();
+        for (i, req) in reqs.iter().enumerate() {
+            results.push(None);
+            match plan(&req.method, req.params_text(), &view) {
+                Plan::Local(value) => results[i] = Some(Ok(local(value))),
+                Plan::Cache(plan) => cached.push((i, plan)),
+                Plan::Pass => passed.push(i),
+            }
+        }
+        // Cacheable calls each go through the cache (and coalescing); the rest as one batch.
+        let cached_answers = futures_util::future::join_all(
+            cached.into_iter().map(|(i, plan)| async move { (i, self.cached(reqs[i], plan).await) }),
+        );
+        let pass_reqs: Vec<&Request> = passed.iter().map(|&i| reqs[i]).collect();
+        let pass_answers = async {
+            match pass_reqs.len() {
+                0 => Vec::new(),
+                1 => vec![self.shared.inner.call(pass_reqs[0]).await],
+                _ => self.shared.inner.call_batch(&pass_reqs).await,
+            }
+        };
+        let (cached_answers, pass_answers) = tokio::join!(cached_answers, pass_answers);
+        for (i, answer) in cached_answers {
+            results[i] = Some(answer);
+        }
+        for (i, answer) in passed.into_iter().zip(pass_answers) {
+            results[i] = Some(answer);
+        }
+        results.into_iter().map(|r| r.unwrap_or(Err(UpstreamError::InvalidResponse("no answer")))).collect()
+    }
+}

@@ -1,0 +1,232 @@
+//! The head feed: follows the node's chain and publishes it to the cache and the pool.
+//!
+//! A task subscribes to `newHeads` over the node's WebSocket and feeds each header to the pure
+//! [`HeadTracker`]. Without a WebSocket, or while the subscription is down, it polls `latest`
+//! instead and tries the WebSocket again every few seconds. Missing parents (gaps, reorgs) are
+//! fetched by hash. After each head it refreshes the node's safe and finalized heights.
+//!
+//! Readers get an `Arc<ChainView>` snapshot from a watch channel (published first), then a
+//! [`ChainEvent`] on a broadcast channel: a reader never sees an event before the view that
+//! explains it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::value::RawValue;
+use sluice_chain::{parse_quantity, ChainEvent, ChainView, Feed, HeadTracker, Header};
+use sluice_jsonrpc::{Id, Outcome, Request};
+use tokio::sync::{broadcast, watch};
+
+use crate::{UpstreamSocket, Upstreams};
+
+/// Settings for the head feed.
+#[derive(Debug, Clone)]
+pub struct HeadConfig {
+    /// Recent blocks remembered (height → hash).
+    pub window: usize,
+    /// How often to poll `latest` when there is no subscription.
+    pub poll_interval: Duration,
+    /// How often to try the WebSocket again while polling.
+    pub resubscribe_every: Duration,
+    /// Deadline for connecting and subscribing.
+    pub timeout: Duration,
+}
+
+impl Default for HeadConfig {
+    fn default() -> Self {
+        Self {
+            window: 512,
+            poll_interval: Duration::from_secs(1),
+            resubscribe_every: Duration::from_secs(5),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where readers follow the chain.
+#[derive(Clone)]
+pub struct HeadFeed {
+    /// The latest snapshot.
+    pub view: watch::Receiver<Arc<ChainView>>,
+    /// New heads and reorgs, after the view that shows them was published.
+    pub events: broadcast::Sender<ChainEvent>,
+}
+
+impl HeadFeed {
+    /// A feed that never moves, for components used without a head watcher.
+    pub fn fixed(view: ChainView) -> (Self, watch::Sender<Arc<ChainView>>) {
+        let (tx, rx) = watch::channel(Arc::new(view));
+        (Self { view: rx, events: broadcast::channel(16).0 }, tx)
+    }
+}
+
+/// Starts following the chain of `upstream` (calls) and `ws_url` (subscription).
+pub fn spawn_head_watcher(upstream: Arc<dyn Upstreams>, ws_url: Option<String>, config: HeadConfig) -> HeadFeed {
+    let (view_tx, view) = watch::channel(Arc::new(ChainView::default()));
+    let (events, _) = broadcast::channel(1024);
+    let watcher =
+        Watcher { tracker: HeadTracker::new(config.window), upstream, view_tx, events: events.clone(), config };
+    tokio::spawn(watcher.run(ws_url));
+    HeadFeed { view, events }
+}
+
+struct Watcher {
+    tracker: HeadTracker,
+    upstream: Arc<dyn Upstreams>,
+    view_tx: watch::Sender<Arc<ChainView>>,
+    events: broadcast::Sender<ChainEvent>,
+    config: HeadConfig,
+}
+
+impl Watcher {
+    async fn run(mut self, ws_url: Option<String>) {
+        loop {
+            if let Some(url) = &ws_url {
+                if let Err(why) = self.follow_subscription(url).await {
+                    tracing::warn!(%why, "newHeads subscription unavailable; polling");
+                }
+            }
+            self.poll_for(self.config.resubscribe_every).await;
+        }
+    }
+
+    /// Follows `newHeads` until the subscription ends.
+    async fn follow_subscription(&mut self, url: &str) -> Result<(), String> {
+        let (socket, mut notifications) =
+            UpstreamSocket::connect(url, self.config.timeout).await.map_err(|e| e.to_string())?;
+        let params = RawValue::from_string(r#"["newHeads"]"#.into()).ok();
+        match socket.call(Request::new(Some(Id::number(1)), "eth_subscribe", params)).await {
+            Ok(Outcome::Result(_)) => {}
+            Ok(Outcome::Error(e)) => return Err(format!("eth_subscribe refused: {}", e.get())),
+            Err(e) => return Err(e.to_string()),
+        }
+        tracing::info!("following newHeads");
+        self.poll_once().await; // the head as of now, before the first notification
+                                // A safety net: some nodes do not announce every head (anvil's reorgs, for one), so the
+                                // head is also polled, slowly, while subscribed.
+        let mut safety_net = tokio::time::interval(self.config.poll_interval);
+        safety_net.tick().await;
+        loop {
+            tokio::select! {
+                event = notifications.recv() => {
+                    let Some(event) = event else { break };
+                    match serde_json::from_str::<Header>(event.result.get()) {
+                        Ok(header) => self.ingest(header).await,
+                        Err(e) => tracing::warn!(error = %e, "newHeads sent an unreadable header"),
+                    }
+                }
+                _ = safety_net.tick() => self.poll_once().await,
+            }
+        }
+        Err("subscription connection closed".into())
+    }
+
+    async fn poll_for(&mut self, period: Duration) {
+        let deadline = tokio::time::Instant::now() + period;
+        loop {
+            self.poll_once().await;
+            if tokio::time::Instant::now() + self.config.poll_interval > deadline {
+                tokio::time::sleep_until(deadline).await;
+                return;
+            }
+            tokio::time::sleep(self.config.poll_interval).await;
+        }
+    }
+
+    async fn poll_once(&mut self) {
+        if self.tracker.view().chain_id.is_none() {
+            if let Some(id) = self.fetch("eth_chainId", "[]").await.and_then(|v| v.as_str().and_then(parse_quantity)) {
+                self.tracker.set_chain_id(id);
+            }
+        }
+        if let Some(header) = self.fetch_header(r#"["latest",false]"#, "eth_getBlockByNumber").await {
+            self.ingest(header).await;
+        }
+    }
+
+    /// Feeds a header, fetching parents the tracker asks for, then publishes.
+    async fn ingest(&mut self, header: Header) {
+        let mut pending = vec![header];
+        let mut fork_point: Option<u64> = None;
+        let mut moved = false;
+        while let Some(next) = pending.last().cloned() {
+            match self.tracker.feed(next) {
+                Feed::NeedParent { hash, .. } => {
+                    if pending.len() > self.config.window {
+                        tracing::warn!("parent chain longer than the window; giving up on this head");
+                        break;
+                    }
+                    match self.fetch_header(&format!(r#"["{hash}",false]"#), "eth_getBlockByHash").await {
+                        Some(parent) => pending.push(parent),
+                        None => break, // try again with the next head
+                    }
+                }
+                Feed::Reorg { fork_point: at } => {
+                    fork_point = Some(fork_point.map_or(at, |f: u64| f.min(at)));
+                    moved = true;
+                    pending.pop();
+                }
+                Feed::Extended => {
+                    moved = true;
+                    pending.pop();
+                }
+                Feed::Known | Feed::Stale => {
+                    pending.pop();
+                }
+            }
+        }
+        if !moved {
+            return;
+        }
+        self.refresh_finality().await;
+        let view = Arc::new(self.tracker.view());
+        let latest = view.latest().map(|(n, _)| n);
+        self.view_tx.send_replace(view);
+        if let Some(fork_point) = fork_point {
+            tracing::info!(fork_point, "reorg");
+            metrics::counter!("sluice_chain_reorgs_total").increment(1);
+            let _ = self.events.send(ChainEvent::Reorg { fork_point });
+        }
+        if let Some(latest) = latest {
+            metrics::gauge!("sluice_chain_head").set(latest as f64);
+            let _ = self.events.send(ChainEvent::NewHead(latest));
+        }
+    }
+
+    async fn refresh_finality(&mut self) {
+        let finalized = RawValue::from_string(r#"["finalized",false]"#.into()).ok();
+        let safe = RawValue::from_string(r#"["safe",false]"#.into()).ok();
+        let calls = [
+            Request::new(Some(Id::number(1)), "eth_getBlockByNumber", finalized),
+            Request::new(Some(Id::number(2)), "eth_getBlockByNumber", safe),
+        ];
+        let answers = self.upstream.call_batch(&[&calls[0], &calls[1]]).await;
+        let number = |i: usize| match &answers[i] {
+            Ok(answer) => match &answer.outcome {
+                Outcome::Result(raw) => serde_json::from_str::<Header>(raw.get()).ok().map(|h| h.number),
+                Outcome::Error(_) => None,
+            },
+            Err(_) => None,
+        };
+        if let Some(n) = number(0) {
+            self.tracker.set_finalized(n);
+        }
+        if let Some(n) = number(1) {
+            self.tracker.set_safe(n);
+        }
+    }
+
+    async fn fetch_header(&self, params: &str, method: &str) -> Option<Header> {
+        let value = self.fetch(method, params).await?;
+        serde_json::from_value(value).ok()
+    }
+
+    async fn fetch(&self, method: &str, params: &str) -> Option<serde_json::Value> {
+        let params = RawValue::from_string(params.to_owned()).ok();
+        let answer = self.upstream.call(&Request::new(Some(Id::number(1)), method, params)).await.ok()?;
+        match answer.outcome {
+            Outcome::Result(raw) => serde_json::from_str(raw.get()).ok(),
+            Outcome::Error(_) => None,
+        }
+    }
+}
