@@ -33,12 +33,19 @@ struct Shared {
 /// The cache in front of an [`Upstreams`].
 pub struct CacheLayer {
     shared: Arc<Shared>,
-    coalescer: Coalescer<String, Result<Fetched, UpstreamError>>,
+    coalescer: Option<Coalescer<String, Result<Fetched, UpstreamError>>>,
 }
 
 impl CacheLayer {
-    /// Wraps `inner`; follows `feed` to resolve blocks and to evict on reorgs.
-    pub fn new(inner: Arc<dyn Upstreams>, feed: &HeadFeed, memory_bytes: u64, redis: Option<RedisTier>) -> Self {
+    /// Wraps `inner`; follows `feed` to resolve blocks and to evict on reorgs. `coalesce: false`
+    /// lets every miss go upstream (for comparison benchmarks).
+    pub fn new(
+        inner: Arc<dyn Upstreams>,
+        feed: &HeadFeed,
+        memory_bytes: u64,
+        redis: Option<RedisTier>,
+        coalesce: bool,
+    ) -> Self {
         let shared = Arc::new(Shared { inner, view: feed.view.clone(), memory: MemoryTier::new(memory_bytes), redis });
         let weak = Arc::downgrade(&shared);
         let mut events = feed.events.subscribe();
@@ -63,7 +70,7 @@ impl CacheLayer {
                 }
             }
         });
-        Self { shared, coalescer: Coalescer::default() }
+        Self { shared, coalescer: coalesce.then(Coalescer::default) }
     }
 
     async fn cached(&self, req: &Request, plan: Cacheable) -> Result<Answer, UpstreamError> {
@@ -72,7 +79,10 @@ impl CacheLayer {
             return Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory });
         }
         let (shared, request, key) = (self.shared.clone(), req.clone(), plan.key.clone());
-        let (fetched, leader) = self.coalescer.run(key, move || fetch(shared, request, plan)).await;
+        let (fetched, leader) = match &self.coalescer {
+            Some(coalescer) => coalescer.run(key, move || fetch(shared, request, plan)).await,
+            None => (Some(fetch(shared, request, plan).await), true),
+        };
         if !leader {
             metrics::counter!("sluice_cache_coalesced_total").increment(1);
         }

@@ -39,6 +39,8 @@ pub struct CacheConfig {
     pub memory_bytes: u64,
     /// Recent blocks the head tracker remembers.
     pub window: usize,
+    /// Concurrent identical misses share one upstream call.
+    pub coalesce: bool,
     /// How often to poll the head when the upstream has no newHeads subscription.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
@@ -53,6 +55,7 @@ impl Default for CacheConfig {
             enabled: true,
             memory_bytes: 256 * 1024 * 1024,
             window: 512,
+            coalesce: true,
             poll_interval: Duration::from_secs(1),
             redis: None,
         }

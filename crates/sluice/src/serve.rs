@@ -61,7 +61,7 @@ fn with_cache(config: &Config, upstream: Arc<dyn Upstreams>, ws_url: &str) -> an
         ),
         None => None,
     };
-    Ok(Arc::new(CacheLayer::new(upstream, &feed, cache.memory_bytes, redis)))
+    Ok(Arc::new(CacheLayer::new(upstream, &feed, cache.memory_bytes, redis, cache.coalesce)))
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

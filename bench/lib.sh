@@ -1,0 +1,69 @@
+# Shared set-up for the bench scripts (sourced): tools, a release build, anvil and sluice on
+# free loopback ports, wrk runs that print "RESULT req/s p50µs p99µs maxµs errors".
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+DURATION=${DURATION:-10s}
+ANVIL=.tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
+
+bash scripts/install-tools.sh >/dev/null
+command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+cargo build --release -q -p sluice
+
+work=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+start_anvil() {  # sets ANVIL_URL
+  local port; port=$(free_port)
+  "$ANVIL" --host 127.0.0.1 --port "$port" --silent &
+  pids+=($!)
+  ANVIL_URL="http://127.0.0.1:$port"
+  for _ in $(seq 100); do rpc "$ANVIL_URL" eth_chainId '[]' >/dev/null 2>&1 && return; sleep 0.1; done
+  echo "anvil did not start" >&2; exit 1
+}
+
+start_sluice() {  # start_sluice VAR [ENV=VALUE …]: starts sluice in front of anvil, sets VAR to its URL
+  local var=$1 port; shift
+  port=$(free_port)
+  env SLUICE_LOG=warn "$@" target/release/sluice serve --listen "127.0.0.1:$port" --upstream "$ANVIL_URL" >/dev/null &
+  pids+=($!)
+  printf -v "$var" 'http://127.0.0.1:%s' "$port"
+  for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$port/ready" && return; sleep 0.1; done
+  echo "sluice did not start" >&2; exit 1
+}
+
+rpc() { curl -sf "$1" -H 'content-type: application/json' -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"$2\",\"params\":$3}"; }
+
+lua() {  # lua NAME BODY: a wrk script POSTing BODY
+  cat >"$work/$1.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '$2'
+done = function(summary, latency, requests)
+  io.write(string.format("RESULT %.0f %.0f %.0f %.0f %d\n", summary.requests / (summary.duration / 1e6),
+    latency:percentile(50), latency:percentile(99), latency.max, summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
+end
+LUA
+}
+
+wrk_run() { wrk -t2 -c"$1" -d"$DURATION" --latency -s "$work/$2.lua" "$3/" | grep '^RESULT' | cut -d' ' -f2-; }
+
+table_header() {
+  echo "| method | concurrency | direct req/s | sluice req/s | ratio | direct p50 / p99 µs | sluice p50 / p99 µs | errors direct / sluice |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+}
+
+compare_row() {  # compare_row LABEL CONCURRENCY SCRIPT DIRECT_URL SLUICE_URL
+  local d_rps d_p50 d_p99 d_err s_rps s_p50 s_p99 s_err ratio
+  read -r d_rps d_p50 d_p99 _ d_err < <(wrk_run "$2" "$3" "$4")
+  read -r s_rps s_p50 s_p99 _ s_err < <(wrk_run "$2" "$3" "$5")
+  ratio=$(python3 -c "print(f'{$s_rps/$d_rps:.2f}')")
+  echo "| $1 | $2 | $d_rps | $s_rps | $ratio | $d_p50 / $d_p99 | $s_p50 / $s_p99 | $d_err / $s_err |"
+}
+
+machine_line() {
+  echo "machine: $(nproc) cores, $(uname -m); wrk -t2, $DURATION per cell; anvil $("$ANVIL" --version | head -1 | cut -d' ' -f3); load generator, sluice and anvil on the same machine"
+}
