@@ -17,6 +17,14 @@ pub enum Fault {
     Garbage(u16, &'static str),
     /// Answers `{"result":"0x1"}` with the request's id, after a delay.
     Slow(Duration),
+    /// Answers `{"result":"0x1"}` at once, except that requests arriving between `at` and
+    /// `at + stall` after the server started are held until the stall ends.
+    Stall {
+        /// When the stall starts, after spawn.
+        at: Duration,
+        /// How long it lasts.
+        stall: Duration,
+    },
     /// Relays to a real node after a delay, except bodies mentioning `fail_method`, which get
     /// HTTP 502 after the same delay. Counts requests by method for coalescing tests.
     Relay {
@@ -46,11 +54,12 @@ impl FakeUpstream {
         let requests = Arc::new(AtomicUsize::new(0));
         let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (counter, log) = (requests.clone(), bodies.clone());
+        let started = tokio::time::Instant::now();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let (fault, counter, log) = (fault.clone(), counter.clone(), log.clone());
                 tokio::spawn(async move {
-                    let _ = answer(stream, fault, counter, log).await;
+                    let _ = answer(stream, fault, counter, log, started).await;
                 });
             }
         });
@@ -80,11 +89,23 @@ async fn answer(
     fault: Fault,
     counter: Arc<AtomicUsize>,
     log: Arc<std::sync::Mutex<Vec<String>>>,
+    started: tokio::time::Instant,
 ) -> std::io::Result<()> {
     let body = read_request(&mut stream).await?;
     counter.fetch_add(1, Ordering::SeqCst);
     log.lock().unwrap().push(String::from_utf8_lossy(&body).into_owned());
+    let ok = |body: &[u8]| {
+        let id = serde_json::from_slice::<serde_json::Value>(body).ok().map(|v| v["id"].clone()).unwrap_or_default();
+        (200, serde_json::json!({"jsonrpc": "2.0", "id": id, "result": "0x1"}).to_string())
+    };
     let (status, payload) = match fault {
+        Fault::Stall { at, stall } => {
+            let now = started.elapsed();
+            if now >= at && now < at + stall {
+                tokio::time::sleep_until(started + at + stall).await;
+            }
+            ok(&body)
+        }
         Fault::Relay { to, delay, fail_method } => {
             tokio::time::sleep(delay).await;
             let text = String::from_utf8_lossy(&body);
@@ -106,9 +127,7 @@ async fn answer(
         Fault::Garbage(status, text) => (status, text.to_owned()),
         Fault::Slow(delay) => {
             tokio::time::sleep(delay).await;
-            let id =
-                serde_json::from_slice::<serde_json::Value>(&body).ok().map(|v| v["id"].clone()).unwrap_or_default();
-            (200, serde_json::json!({"jsonrpc": "2.0", "id": id, "result": "0x1"}).to_string())
+            ok(&body)
         }
     };
     let head = format!(

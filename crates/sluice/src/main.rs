@@ -48,11 +48,22 @@ enum Command {
         #[arg(long)]
         block_time: Option<u64>,
     },
+    /// Load tools: `sluice bench rpc URL` drives load; `sluice bench report` writes docs/benchmarks.md.
+    Bench {
+        #[command(subcommand)]
+        action: BenchAction,
+    },
     /// Configuration tools.
     Config {
         #[command(subcommand)]
         action: ConfigAction,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchAction {
+    /// Load a JSON-RPC endpoint (fixed concurrency, constant rate or ramp) and report.
+    Rpc(sluice_bench::cli::RpcArgs),
 }
 
 #[derive(Subcommand)]
@@ -102,6 +113,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             println!("anvil stopped");
             result
         }
+        Command::Bench { action: BenchAction::Rpc(args) } => sluice_bench::cli::run_rpc(args).await,
         Command::Config { action: ConfigAction::Validate { file } } => {
             let config = config::validate_file(&file)?;
             println!("{}: ok ({} upstream(s), listen {})", file.display(), config.upstreams.len(), config.listen);
