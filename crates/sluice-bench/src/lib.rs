@@ -8,6 +8,7 @@
 
 pub mod cli;
 pub mod mix;
+pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod stats;

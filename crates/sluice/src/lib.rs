@@ -2,4 +2,5 @@
 
 pub mod config;
 pub mod dev;
+pub mod report;
 pub mod serve;

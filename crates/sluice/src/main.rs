@@ -64,6 +64,9 @@ enum Command {
 enum BenchAction {
     /// Load a JSON-RPC endpoint (fixed concurrency, constant rate or ramp) and report.
     Rpc(sluice_bench::cli::RpcArgs),
+    /// Run the benchmark scenarios against a fresh anvil, directly and through sluice, and
+    /// write benchmarks.md with plots.
+    Report(sluice::report::ReportArgs),
 }
 
 #[derive(Subcommand)]
@@ -114,6 +117,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             result
         }
         Command::Bench { action: BenchAction::Rpc(args) } => sluice_bench::cli::run_rpc(args).await,
+        Command::Bench { action: BenchAction::Report(args) } => sluice::report::run_report(args).await,
         Command::Config { action: ConfigAction::Validate { file } } => {
             let config = config::validate_file(&file)?;
             println!("{}: ok ({} upstream(s), listen {})", file.display(), config.upstreams.len(), config.listen);

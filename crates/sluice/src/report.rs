@@ -1,0 +1,275 @@
+//! `sluice bench report`: runs the benchmark scenarios on this machine against a fresh anvil,
+//! directly and through sluice (this same binary, as child processes), and writes
+//! `benchmarks.md` and SVG plots. Every figure in it comes from this run.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use sluice_bench::mix::Mix;
+use sluice_bench::report::{latency_svg, overhead_markdown, section_markdown, series_svg, Row, Section};
+use sluice_bench::run::{compare, run, Plan};
+use sluice_bench::schedule::Model;
+use sluice_jsonrpc::{Id, RawValue, Request};
+use sluice_upstream::{HttpUpstream, HttpUpstreamConfig, Upstreams};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::dev;
+
+/// Arguments of `sluice bench report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Folder for benchmarks.md and bench/*.svg.
+    #[arg(long, default_value = "docs")]
+    pub out: PathBuf,
+    /// Load time per target for each fixed-concurrency case (split into two alternating rounds).
+    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
+    pub cell: Duration,
+    /// The ramp's final rate, requests/s.
+    #[arg(long, default_value_t = 10_000.0)]
+    pub ramp_to: f64,
+    /// The ramp's length.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ramp_duration: Duration,
+    /// Concurrency levels for the fixed-concurrency scenarios.
+    #[arg(long, value_delimiter = ',', default_value = "10,64,256")]
+    pub concurrency: Vec<usize>,
+    /// Path to anvil (default: the project's .tools folder, then PATH).
+    #[arg(long)]
+    pub anvil: Option<PathBuf>,
+}
+
+const DEV: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
+
+/// Starts `sluice serve` (this binary) in front of `upstream`; returns the child and its URL.
+async fn spawn_sluice(upstream: &str, cache: bool) -> anyhow::Result<(Child, String)> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
+        .env("SLUICE_LOG", "warn")
+        .env("SLUICE_CACHE__ENABLED", cache.to_string())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut lines = BufReader::new(stdout).lines();
+    while let Some(line) = lines.next_line().await? {
+        if let Some(rest) = line.strip_prefix("sluice listening on http://") {
+            let addr = rest.split_whitespace().next().unwrap_or_default().to_owned();
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            return Ok((child, format!("http://{addr}")));
+        }
+    }
+    anyhow::bail!("sluice exited before listening")
+}
+
+async fn call(node: &HttpUpstream, method: &str, params: &str) -> anyhow::Result<()> {
+    let request = Request::new(Some(Id::number(1)), method, RawValue::from_string(params.into()).ok());
+    node.call(&request).await.map_err(|e| anyhow::anyhow!("{method}: {e}"))?;
+    Ok(())
+}
+
+/// Reads one metric from sluice's /metrics over a plain socket.
+async fn metric(url: &str, series: &str) -> Option<f64> {
+    let addr = url.strip_prefix("http://")?;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+fn plan(url: &str, model: Model, duration: Duration, mix: Mix) -> Plan {
+    Plan {
+        url: url.to_owned(),
+        model,
+        requests: None,
+        duration,
+        mix: Arc::new(mix),
+        batch: 1,
+        timeout: Duration::from_secs(2),
+        max_in_flight: 10_000,
+        progress: false,
+        seed: 1,
+    }
+}
+
+/// Runs the same load against sluice and anvil, alternating.
+async fn pair(case: String, sluice: &str, direct: &str, model: Model, cell: Duration, mix: Mix) -> anyhow::Result<Row> {
+    eprintln!("  {case}");
+    let (sluice, direct) = compare(&plan(sluice, model, cell * 2, mix), direct, 2).await?;
+    Ok(Row { case, direct, sluice })
+}
+
+/// Runs `sluice bench report`.
+pub async fn run_report(args: ReportArgs) -> anyhow::Result<()> {
+    let anvil_path = dev::find_anvil(args.anvil.as_deref())?;
+    let port = dev::free_port()?;
+    let _anvil = dev::start_anvil(&anvil_path, port, None).await?;
+    let anvil = format!("http://127.0.0.1:{port}");
+    let node = HttpUpstream::new(HttpUpstreamConfig {
+        name: "report".into(),
+        url: anvil.clone(),
+        timeout: Duration::from_secs(30),
+        max_response_bytes: 64 << 20,
+    })
+    .map_err(anyhow::Error::msg)?;
+    call(&node, "anvil_mine", r#"["0x80"]"#).await?; // 128 blocks: the first 64 are finalized
+    let (_cached_child, cached) = spawn_sluice(&anvil, true).await?;
+    let (_plain_child, plain) = spawn_sluice(&anvil, false).await?;
+    for _ in 0..100 {
+        if metric(&cached, "sluice_chain_head ").await == Some(128.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let one = |method: &str, params: &str| Mix::single(method, params).expect("valid built-in params");
+    let cell = args.cell;
+    let mut sections = Vec::new();
+
+    eprintln!("scenario a: fixed concurrency (the Lotus report's shape)");
+    let mut cached_rows = Vec::new();
+    let mut pass_rows = Vec::new();
+    for &c in &args.concurrency {
+        let block = one("eth_getBlockByNumber", r#"["0x10",false]"#);
+        cached_rows.push(
+            pair(
+                format!("cached eth_getBlockByNumber(0x10), c={c}"),
+                &cached,
+                &anvil,
+                Model::Concurrency(c),
+                cell,
+                block,
+            )
+            .await?,
+        );
+        let number = one("eth_blockNumber", "[]");
+        cached_rows.push(
+            pair(format!("local eth_blockNumber, c={c}"), &cached, &anvil, Model::Concurrency(c), cell, number).await?,
+        );
+        let balance = one("eth_getBalance", &format!(r#"["{DEV}","latest"]"#));
+        pass_rows.push(
+            pair(format!("pass-through eth_getBalance, c={c}"), &plain, &anvil, Model::Concurrency(c), cell, balance)
+                .await?,
+        );
+    }
+    sections.push(Section {
+        title: "a. Fixed concurrency: cached and local answers".into(),
+        note: "sluice with its cache on, after one warm-up request, against anvil directly.".into(),
+        command: format!("sluice bench rpc SLUICE_URL -c C -d {}s --method eth_getBlockByNumber --params '[\"0x10\",false]' --compare ANVIL_URL", cell.as_secs_f64() * 2.0),
+        rows: cached_rows,
+    });
+    sections.push(Section {
+        title: "a′. Fixed concurrency: pass-through (cache off)".into(),
+        note: "sluice with `SLUICE_CACHE__ENABLED=false`: every call goes to anvil, so this is the cost of the extra hop.".into(),
+        command: format!("sluice bench rpc SLUICE_URL -c C -d {}s --method eth_getBalance --params '[\"{DEV}\",\"latest\"]' --compare ANVIL_URL", cell.as_secs_f64() * 2.0),
+        rows: pass_rows,
+    });
+
+    eprintln!("scenario b: incremental ramp (the ddosify report's shape)");
+    let ramp = Model::Ramp { from: 0.0, to: args.ramp_to };
+    let ramp_direct = run(&plan(&anvil, ramp, args.ramp_duration, one("eth_blockNumber", "[]"))).await?;
+    let ramp_sluice = run(&plan(&cached, ramp, args.ramp_duration, one("eth_blockNumber", "[]"))).await?;
+    let ramp_row = Row {
+        case: format!("ramp 0 → {} req/s over {:?}", args.ramp_to, args.ramp_duration),
+        direct: ramp_direct,
+        sluice: ramp_sluice,
+    };
+
+    eprintln!("scenario c: a realistic method mix");
+    let mix_text = format!(
+        "[vars]\naddress = [\"{DEV}\", \"0x70997970c51812dc3a010c7d01b50e0d17dc79c8\", \"0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc\"]\n\
+         block = {{ from = 1, to = 120 }}\n\
+         [[call]]\nmethod = \"eth_call\"\nparams = [{{ to = \"{{address}}\", data = \"0x70a08231\" }}, \"latest\"]\nweight = 70\n\
+         [[call]]\nmethod = \"eth_getBalance\"\nparams = [\"{{address}}\", \"latest\"]\nweight = 20\n\
+         [[call]]\nmethod = \"eth_getBlockByNumber\"\nparams = [\"{{block}}\", false]\nweight = 10\n"
+    );
+    let mix = Mix::parse(&mix_text).map_err(anyhow::Error::msg)?;
+    let mix_row = pair(
+        "70% eth_call, 20% eth_getBalance, 10% eth_getBlockByNumber, c=64".into(),
+        &cached,
+        &anvil,
+        Model::Concurrency(64),
+        cell,
+        mix,
+    )
+    .await?;
+    sections.push(Section {
+        title: "c. A realistic method mix".into(),
+        note: "The mix file is written into the report below; `{address}` draws from three accounts, `{block}` from blocks 1–120.".into(),
+        command: format!("sluice bench rpc SLUICE_URL -c 64 -d {}s --mix MIX.toml --compare ANVIL_URL", cell.as_secs_f64() * 2.0),
+        rows: vec![mix_row],
+    });
+
+    write(&args, &sections, ramp_row, &mix_text).await
+}
+
+async fn write(args: &ReportArgs, sections: &[Section], ramp: Row, mix_text: &str) -> anyhow::Result<()> {
+    let plots = args.out.join("bench");
+    std::fs::create_dir_all(&plots)?;
+    let all: Vec<(String, &Row)> = sections.iter().flat_map(|s| s.rows.iter().map(|r| (r.case.clone(), r))).collect();
+    latency_svg(&all, &plots.join("latency.svg"))?;
+    series_svg(
+        &ramp.direct,
+        &ramp.sluice,
+        "ramp: successful requests per second, direct (red) vs sluice (blue)",
+        &plots.join("ramp.svg"),
+    )?;
+
+    let mut md = String::from("# Benchmarks\n\n");
+    md.push_str(
+        "Generated by `sluice bench report` (re-run it to refresh: `cargo run --release -p sluice -- bench report`). \
+         Every figure below comes from one run of it on the machine described here. The load generator, sluice \
+         and anvil share this machine, so read the ratios, which are measured side by side (alternating rounds), \
+         not the absolute numbers. The rate models measure latency from each request's scheduled send time, \
+         so stalls are not hidden. \"generator saturated\" flags rows where the generator itself was the limit.\n\n",
+    );
+    md.push_str(&machine());
+    for s in &sections[..2] {
+        md.push_str(&section_markdown(s));
+    }
+    md.push_str("### d. Pass-through overhead per percentile (sluice − direct)\n\nFrom scenario a′.\n\n");
+    md.push_str(&overhead_markdown(&sections[1].rows));
+    let ramp_section = Section {
+        title: "b. Incremental ramp".into(),
+        note: "The rate rises linearly from 0 over the whole run, with a 2 s timeout. It runs once per target, one after the other (a ramp has one shape), with `eth_blockNumber`, which sluice answers from its head tracker.".into(),
+        command: format!("sluice bench rpc URL --ramp {} -d {}s --timeout 2s", args.ramp_to, args.ramp_duration.as_secs_f64()),
+        rows: vec![ramp],
+    };
+    md.push_str(&section_markdown(&ramp_section));
+    md.push_str("![ramp](bench/ramp.svg)\n\n");
+    md.push_str(&section_markdown(&sections[2]));
+    md.push_str(&format!("```toml\n{mix_text}```\n\n"));
+    md.push_str("## e. Pool reads under ingest\n\nNot measured yet: this scenario needs the mempool (issue 5).\n\n");
+    md.push_str("## Latency overview\n\n![latency](bench/latency.svg)\n\n");
+    md.push_str(
+        "Other measurements, from scripts with wrk (heavy cached answers, coalescing): see \
+         [benchmarks-wrk.md](benchmarks-wrk.md).\n",
+    );
+    std::fs::write(args.out.join("benchmarks.md"), md)?;
+    eprintln!("wrote {}", args.out.join("benchmarks.md").display());
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0)))
+        .map_or("unknown".into(), |kb| format!("{:.0} GiB", kb as f64 / 1024.0 / 1024.0));
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    format!(
+        "| machine | |\n|---|---|\n| CPU | {cpu} |\n| cores | {cores} |\n| memory | {memory} |\n| kernel | {} |\n| sluice | {} |\n\n",
+        kernel.trim(),
+        env!("CARGO_PKG_VERSION")
+    )
+}

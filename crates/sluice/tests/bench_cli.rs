@@ -1,0 +1,82 @@
+//! `sluice bench` from the command line: bad input is refused before any load, and the report
+//! writes its Markdown and plots from a real run against anvil and sluice.
+
+mod common;
+
+use std::process::Command;
+
+use common::BIN;
+use sluice_testkit::Anvil;
+
+fn bench(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).arg("bench").args(args).env("SLUICE_LOG", "error").output().expect("sluice runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_input_is_refused_before_any_load() {
+    let anvil = Anvil::spawn();
+    let url = anvil.http_url();
+    let dir = tempfile::tempdir().unwrap();
+    let mix = dir.path().join("mix.toml");
+    std::fs::write(&mix, "[[call]]\nmethod = \"eth_chainId\"\nwieght = 1\n").unwrap();
+    for (args, expected) in [
+        (vec!["rpc", &url, "--rate", "0"], "rate must be positive"),
+        (vec!["rpc", &url, "--ramp=-5"], "ramp rates"),
+        (vec!["rpc", &url, "--mix", mix.to_str().unwrap()], "wieght"),
+        (vec!["rpc", &url, "--params", "{}"], "JSON array"),
+        (vec!["rpc", "ftp://x"], "http:// or ws://"),
+        (vec!["rpc", "http://127.0.0.1:1", "-d", "1s"], "cannot reach"),
+    ] {
+        let (ok, _, stderr) = bench(&args);
+        assert!(!ok, "{args:?} should fail");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    let (ok, stdout, stderr) = bench(&["rpc", &url, "-n", "50", "-c", "2", "--json"]);
+    assert!(ok, "{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(&stdout).expect("--json prints JSON");
+    assert_eq!((summary["requests"].as_u64(), summary["ok"].as_u64()), (Some(50), Some(50)));
+}
+
+#[test]
+fn the_report_writes_tables_and_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let anvil = sluice_testkit::foundry_tool("anvil");
+    let args = [
+        "report",
+        "--out",
+        out,
+        "--cell",
+        "200ms",
+        "--ramp-to",
+        "300",
+        "--ramp-duration",
+        "1s",
+        "--concurrency",
+        "2",
+        "--anvil",
+        anvil.to_str().unwrap(),
+    ];
+    let (ok, _, stderr) = bench(&args);
+    assert!(ok, "{stderr}");
+    let md = std::fs::read_to_string(dir.path().join("benchmarks.md")).unwrap();
+    for heading in [
+        "a. Fixed concurrency",
+        "a′. Fixed concurrency: pass-through",
+        "d. Pass-through overhead",
+        "b. Incremental ramp",
+        "c. A realistic method mix",
+    ] {
+        assert!(md.contains(heading), "missing {heading}");
+    }
+    assert!(md.contains("| cached eth_getBlockByNumber(0x10), c=2 |"));
+    for plot in ["latency.svg", "ramp.svg"] {
+        let svg = std::fs::read_to_string(dir.path().join("bench").join(plot)).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("</svg>"), "{plot}");
+    }
+}
