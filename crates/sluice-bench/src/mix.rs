@@ -81,7 +81,9 @@ impl Mix {
             return Err("method mix: every weight is zero".into());
         }
         for call in &mix.calls {
-            for name in call.params.iter().filter_map(placeholder) {
+            let mut names = Vec::new();
+            call.params.iter().for_each(|p| placeholders(p, &mut names));
+            for name in names {
                 if !mix.vars.contains_key(name) {
                     return Err(format!("method mix: {} uses {{{name}}}, but [vars] has no {name}", call.method));
                 }
@@ -128,6 +130,7 @@ impl Mix {
         (&call.method, Value::Array(params).to_string())
     }
 
+    /// Fills `{name}` strings anywhere in a param (inside objects and arrays too).
     fn fill(&self, param: &toml::Value, rng: &mut fastrand::Rng) -> Value {
         if let Some(var) = placeholder(param).and_then(|name| self.vars.get(name)) {
             return match var {
@@ -135,12 +138,27 @@ impl Mix {
                 Var::Range { from, to } => Value::String(format!("0x{:x}", rng.u64(*from..=*to))),
             };
         }
-        serde_json::to_value(param).unwrap_or(Value::Null)
+        match param {
+            toml::Value::Array(items) => Value::Array(items.iter().map(|p| self.fill(p, rng)).collect()),
+            toml::Value::Table(table) => {
+                Value::Object(table.iter().map(|(k, v)| (k.clone(), self.fill(v, rng))).collect())
+            }
+            other => serde_json::to_value(other).unwrap_or(Value::Null),
+        }
     }
 }
 
 fn placeholder(v: &toml::Value) -> Option<&str> {
     v.as_str()?.strip_prefix('{')?.strip_suffix('}')
+}
+
+/// Every `{name}` in a param, nested ones included.
+fn placeholders<'a>(v: &'a toml::Value, out: &mut Vec<&'a str>) {
+    match v {
+        toml::Value::Array(items) => items.iter().for_each(|i| placeholders(i, out)),
+        toml::Value::Table(table) => table.values().for_each(|i| placeholders(i, out)),
+        other => out.extend(placeholder(other)),
+    }
 }
 
 #[cfg(test)]
@@ -176,6 +194,18 @@ mod tests {
             }
         }
         assert!((2800..3200).contains(&balances), "{balances}");
+    }
+
+    #[test]
+    fn templates_fill_inside_objects_and_arrays() {
+        let mix = Mix::parse(
+            "[vars]\nto = [\"0xcc\"]\n[[call]]\nmethod = \"eth_call\"\nparams = [{ to = \"{to}\", data = \"0x1\" }, [\"{to}\"]]",
+        )
+        .unwrap();
+        let (_, params) = mix.draw(&mut fastrand::Rng::with_seed(1));
+        assert_eq!(params, r#"[{"data":"0x1","to":"0xcc"},["0xcc"]]"#);
+        let missing = Mix::parse("[[call]]\nmethod = \"m\"\nparams = [{ to = \"{nobody}\" }]").unwrap_err();
+        assert!(missing.contains("{nobody}"), "{missing}");
     }
 
     #[test]

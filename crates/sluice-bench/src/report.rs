@@ -5,7 +5,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::stats::Summary;
+use crate::stats::{ratio, Summary};
 
 /// One measured case: the same load against the node directly and through sluice.
 pub struct Row {
@@ -27,14 +27,6 @@ pub struct Section {
     pub command: String,
     /// The rows.
     pub rows: Vec<Row>,
-}
-
-fn ratio(a: f64, b: f64) -> String {
-    if b > 0.0 {
-        format!("{:.2}", a / b)
-    } else {
-        "-".into()
-    }
 }
 
 /// The Markdown for one section.

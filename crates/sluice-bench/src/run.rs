@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 
 use crate::mix::Mix;
 use crate::schedule::Model;
-use crate::stats::{process_cpu_time, Recorder, Summary};
+use crate::stats::{process_cpu_time, ratio, Recorder, Summary};
 
 /// One run's settings.
 #[derive(Clone)]
@@ -279,6 +279,32 @@ fn progress_bar(plan: &Plan, counters: Counters) -> Option<ProgressBar> {
     Some(bar)
 }
 
+/// One target's rounds, added up.
+#[derive(Default)]
+struct Rounds {
+    recorder: Recorder,
+    wall: Duration,
+    cpu: Option<Duration>,
+    measured_cpu: bool,
+}
+
+impl Rounds {
+    fn add(&mut self, (recorder, wall, cpu): (Recorder, Duration, Option<Duration>)) {
+        self.recorder.merge(&recorder, self.wall);
+        self.wall += wall;
+        self.cpu = match (self.measured_cpu, self.cpu, cpu) {
+            (false, _, c) => c,
+            (true, Some(total), Some(c)) => Some(total + c),
+            _ => None,
+        };
+        self.measured_cpu = true;
+    }
+
+    fn summarize(&self, target: &str, model: String) -> Summary {
+        self.recorder.summarize(target, model, self.wall, self.cpu)
+    }
+}
+
 /// Runs the same plan against `a` and `b` alternately (`rounds` each), then summarizes both.
 pub async fn compare(plan: &Plan, b: &str, rounds: usize) -> anyhow::Result<(Summary, Summary)> {
     let rounds = rounds.max(1);
@@ -288,49 +314,29 @@ pub async fn compare(plan: &Plan, b: &str, rounds: usize) -> anyhow::Result<(Sum
         ..plan.clone()
     };
     let other = Plan { url: b.to_owned(), ..slice.clone() };
-    let (mut rec_a, mut rec_b) = (Recorder::default(), Recorder::default());
-    let (mut wall_a, mut wall_b) = (Duration::ZERO, Duration::ZERO);
-    let (mut cpu_a, mut cpu_b) = (Some(Duration::ZERO), Some(Duration::ZERO));
+    let (mut first, mut second) = (Rounds::default(), Rounds::default());
     for _ in 0..rounds {
-        let (r, w, c) = run_raw(&slice).await?;
-        rec_a.merge(&r, wall_a);
-        wall_a += w;
-        cpu_a = cpu_a.zip(c).map(|(x, y)| x + y);
-        let (r, w, c) = run_raw(&other).await?;
-        rec_b.merge(&r, wall_b);
-        wall_b += w;
-        cpu_b = cpu_b.zip(c).map(|(x, y)| x + y);
+        first.add(run_raw(&slice).await?);
+        second.add(run_raw(&other).await?);
     }
     let model = describe(plan);
-    Ok((rec_a.summarize(&plan.url, model.clone(), wall_a, cpu_a), rec_b.summarize(b, model, wall_b, cpu_b)))
+    Ok((first.summarize(&plan.url, model.clone()), second.summarize(b, model)))
 }
 
 /// The ratio table printed by `--compare`: the first target over the second.
 pub fn ratio_table(a: &Summary, b: &Summary) -> String {
-    let ratio = |x: f64, y: f64| if y > 0.0 { format!("{:.2}", x / y) } else { "-".into() };
     let (la, lb) = (&a.latency_us, &b.latency_us);
-    format!(
-        "| | {} | {} | ratio |\n|---|---:|---:|---:|\n\
-         | req/s | {:.0} | {:.0} | {} |\n| p50 µs | {} | {} | {} |\n| p90 µs | {} | {} | {} |\n\
-         | p99 µs | {} | {} | {} |\n| max µs | {} | {} | {} |\n| errors | {} | {} | |\n",
-        a.target,
-        b.target,
-        a.req_per_sec,
-        b.req_per_sec,
-        ratio(a.req_per_sec, b.req_per_sec),
-        la.p50,
-        lb.p50,
-        ratio(la.p50 as f64, lb.p50 as f64),
-        la.p90,
-        lb.p90,
-        ratio(la.p90 as f64, lb.p90 as f64),
-        la.p99,
-        lb.p99,
-        ratio(la.p99 as f64, lb.p99 as f64),
-        la.max,
-        lb.max,
-        ratio(la.max as f64, lb.max as f64),
-        a.requests - a.ok,
-        b.requests - b.ok,
-    )
+    let rows = [
+        ("req/s", a.req_per_sec, b.req_per_sec),
+        ("p50 µs", la.p50 as f64, lb.p50 as f64),
+        ("p90 µs", la.p90 as f64, lb.p90 as f64),
+        ("p99 µs", la.p99 as f64, lb.p99 as f64),
+        ("max µs", la.max as f64, lb.max as f64),
+    ];
+    let mut out = format!("| | {} | {} | ratio |\n|---|---:|---:|---:|\n", a.target, b.target);
+    for (name, x, y) in rows {
+        out.push_str(&format!("| {name} | {x:.0} | {y:.0} | {} |\n", ratio(x, y)));
+    }
+    out.push_str(&format!("| errors | {} | {} | |\n", a.requests - a.ok, b.requests - b.ok));
+    out
 }

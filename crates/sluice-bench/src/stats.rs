@@ -235,6 +235,15 @@ impl Summary {
     }
 }
 
+/// `a / b` to two decimals, or `-` when `b` is zero.
+pub fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}", a / b)
+    } else {
+        "-".into()
+    }
+}
+
 /// Formats microseconds for people.
 pub fn us(v: u64) -> String {
     match v {

@@ -134,6 +134,10 @@ fn local(value: serde_json::Value) -> Answer {
 
 #[async_trait]
 impl Upstreams for CacheLayer {
+    fn status(&self) -> serde_json::Value {
+        self.shared.inner.status()
+    }
+
     async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
         let view = self.shared.view.borrow().clone();
         match plan(&req.method, req.params_text(), &view) {

@@ -39,6 +39,7 @@ pub fn router(gateway: Arc<Gateway>, shutdown: watch::Receiver<bool>) -> Router 
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/status", get(status))
         .with_state(AppState { gateway, shutdown })
 }
 
@@ -124,6 +125,15 @@ async fn ready(State(state): State<AppState>) -> Response {
         Ok(Ok(answer)) if !answer.outcome.is_error() => (StatusCode::OK, "ready\n").into_response(),
         _ => (StatusCode::SERVICE_UNAVAILABLE, "no upstream answers\n").into_response(),
     }
+}
+
+/// Upstream health as JSON (the pool's members, the cache), for operators.
+async fn status(State(state): State<AppState>) -> Response {
+    let body = match state.gateway.pipeline.upstreams().status() {
+        serde_json::Value::Null => serde_json::json!({ "upstreams": [] }),
+        status => status,
+    };
+    ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

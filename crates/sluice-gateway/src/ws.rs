@@ -230,14 +230,18 @@ impl Subscriptions {
         }
     }
 
-    /// Cancels every subscription upstream, then closes the socket.
+    /// Cancels every subscription upstream, then closes the socket. Bounded: a stuck upstream
+    /// gets two seconds, after which closing the socket ends the subscriptions anyway.
     async fn close(&mut self) {
         if let Some(upstream) = self.upstream.take() {
-            for upstream_id in self.by_client.values() {
-                let params = serde_json::value::to_raw_value(&[upstream_id]).ok();
-                let req = Request::new(Some(sluice_jsonrpc::Id::number(0)), "eth_unsubscribe", params);
-                let _ = upstream.call(req).await;
-            }
+            let cancel_all = async {
+                for upstream_id in self.by_client.values() {
+                    let params = serde_json::value::to_raw_value(&[upstream_id]).ok();
+                    let req = Request::new(Some(sluice_jsonrpc::Id::number(0)), "eth_unsubscribe", params);
+                    let _ = upstream.call(req).await;
+                }
+            };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), cancel_all).await;
         }
         self.by_client.clear();
         self.by_upstream.clear();

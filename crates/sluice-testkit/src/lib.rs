@@ -51,7 +51,11 @@ impl Anvil {
 
     /// Starts anvil with extra arguments and waits until it accepts connections.
     pub fn spawn_with(args: &[&str]) -> Self {
-        let port = free_port();
+        Self::spawn_on(free_port(), args)
+    }
+
+    /// Starts anvil on a given port (to bring a killed node back where it was).
+    pub fn spawn_on(port: u16, args: &[&str]) -> Self {
         let child = Command::new(foundry_tool("anvil"))
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(args)

@@ -23,6 +23,9 @@ pub enum UpstreamError {
     /// The node's answer exceeded the configured size limit.
     #[error("upstream answer too large")]
     ResponseTooLarge,
+    /// No upstream could take the call (all circuits open, or all too far behind).
+    #[error("no upstream available")]
+    NoneAvailable,
 }
 
 impl UpstreamError {
@@ -34,6 +37,7 @@ impl UpstreamError {
             UpstreamError::HttpStatus(_) => "http_status",
             UpstreamError::InvalidResponse(_) => "invalid_response",
             UpstreamError::ResponseTooLarge => "too_large",
+            UpstreamError::NoneAvailable => "none_available",
         }
     }
 

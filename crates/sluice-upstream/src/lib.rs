@@ -11,6 +11,7 @@
 mod error;
 mod heads;
 mod http;
+pub mod pool;
 mod socket;
 
 use async_trait::async_trait;
@@ -33,6 +34,11 @@ pub trait Upstreams: Send + Sync + 'static {
     /// sends them as one JSON-RPC batch.
     async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
         futures_util::future::join_all(reqs.iter().map(|r| self.call(r))).await
+    }
+
+    /// A JSON snapshot of health for `/status` (`null` when there is nothing to report).
+    fn status(&self) -> serde_json::Value {
+        serde_json::Value::Null
     }
 }
 

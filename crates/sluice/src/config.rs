@@ -27,6 +27,57 @@ pub struct Config {
     /// The response cache.
     #[serde(default)]
     pub cache: CacheConfig,
+    /// How several upstreams share the load (used when more than one is configured).
+    #[serde(default)]
+    pub pool: PoolSection,
+}
+
+/// The upstream pool (see docs/upstreams.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSection {
+    /// Upstreams tried for one call at most.
+    pub max_attempts: usize,
+    /// Total time for one call across all attempts.
+    #[serde(with = "humantime_serde")]
+    pub deadline: Duration,
+    /// An upstream further behind the best head is not used for head-bound reads.
+    pub max_lag: u64,
+    /// Consecutive failures that open an upstream's circuit.
+    pub breaker_threshold: u32,
+    /// How long an open circuit waits before a probe.
+    #[serde(with = "humantime_serde")]
+    pub breaker_cooldown: Duration,
+    /// How often each upstream's head is read.
+    #[serde(with = "humantime_serde")]
+    pub probe_interval: Duration,
+}
+
+impl Default for PoolSection {
+    fn default() -> Self {
+        let d = sluice_upstream::pool::PoolConfig::default();
+        Self {
+            max_attempts: d.max_attempts,
+            deadline: d.deadline,
+            max_lag: d.max_lag,
+            breaker_threshold: d.breaker_threshold,
+            breaker_cooldown: d.breaker_cooldown,
+            probe_interval: d.probe_interval,
+        }
+    }
+}
+
+impl From<&PoolSection> for sluice_upstream::pool::PoolConfig {
+    fn from(p: &PoolSection) -> Self {
+        Self {
+            max_attempts: p.max_attempts,
+            deadline: p.deadline,
+            max_lag: p.max_lag,
+            breaker_threshold: p.breaker_threshold,
+            breaker_cooldown: p.breaker_cooldown,
+            probe_interval: p.probe_interval,
+        }
+    }
 }
 
 /// The response cache (see docs/cache.md).
@@ -110,6 +161,16 @@ pub struct UpstreamConfig {
     /// Largest answer accepted from this node.
     #[serde(default = "default_max_response_bytes")]
     pub max_response_bytes: usize,
+    /// 0 = primary; higher tiers serve only when lower ones cannot (fallback providers).
+    #[serde(default)]
+    pub tier: u8,
+    /// Relative share among upstreams of one tier.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
 }
 
 /// Client limits (see `sluice_gateway::Limits`).
@@ -180,6 +241,8 @@ impl UpstreamConfig {
             name: None,
             timeout: default_upstream_timeout(),
             max_response_bytes: default_max_response_bytes(),
+            tier: 0,
+            weight: 1,
         }
     }
 
@@ -289,6 +352,12 @@ impl Config {
             anyhow::ensure!(value > 0, "{key}: must be more than zero");
         }
         anyhow::ensure!(!l.client_timeout.is_zero(), "limits.client_timeout: must be more than zero");
+        anyhow::ensure!(self.pool.max_attempts > 0, "pool.max_attempts: must be more than zero");
+        anyhow::ensure!(!self.pool.deadline.is_zero(), "pool.deadline: must be more than zero");
+        anyhow::ensure!(!self.pool.probe_interval.is_zero(), "pool.probe_interval: must be more than zero");
+        for (i, upstream) in self.upstreams.iter().enumerate() {
+            anyhow::ensure!(upstream.weight > 0, "upstreams[{i}].weight: must be more than zero");
+        }
         let c = &self.cache;
         anyhow::ensure!(c.memory_bytes > 0, "cache.memory_bytes: must be more than zero");
         anyhow::ensure!(c.window >= 2, "cache.window: must be at least 2");

@@ -5,7 +5,11 @@ use std::sync::Arc;
 
 use sluice_cache::{CacheLayer, RedisConfig, RedisTier};
 use sluice_gateway::{Gateway, Limits};
-use sluice_upstream::{spawn_head_watcher, HeadConfig, HttpUpstream, HttpUpstreamConfig, Upstreams};
+use std::time::Duration;
+
+use sluice_jsonrpc::{Id, Outcome, Request};
+use sluice_upstream::pool::{MemberConfig, Pool, PoolConfig};
+use sluice_upstream::{spawn_head_watcher, Answer, HeadConfig, HttpUpstream, HttpUpstreamConfig, Upstreams};
 use tokio::net::TcpListener;
 
 use crate::config::Config;
@@ -14,33 +18,84 @@ use crate::config::Config;
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     // Install the metrics recorder before anything records (the head watcher starts first).
     sluice_gateway::telemetry::prometheus();
-    let upstream = config.upstreams.first().ok_or_else(|| anyhow::anyhow!("no upstream configured"))?;
-    if config.upstreams.len() > 1 {
-        tracing::warn!(
-            count = config.upstreams.len(),
-            "several upstreams configured; this version sends everything to the first one"
-        );
-    }
-    let (http_url, ws_url) = upstream.endpoints().map_err(anyhow::Error::msg)?;
-    let client = HttpUpstream::new(HttpUpstreamConfig {
-        name: upstream.name.clone().unwrap_or_else(|| "upstream-0".into()),
-        url: http_url.clone(),
-        timeout: upstream.timeout,
-        max_response_bytes: upstream.max_response_bytes,
-    })
-    .map_err(anyhow::Error::msg)?;
-    let client: Arc<dyn Upstreams> = Arc::new(client);
-    let upstreams = if config.cache.enabled { with_cache(&config, client, &ws_url)? } else { client };
-    let gateway = Gateway::new(upstreams, Some(ws_url), upstream.timeout, Limits::from(&config.limits));
+    let (clients, names) = clients(&config)?;
+    check_chain_ids(&clients, &names).await?;
+    let primary = config.upstreams.first().ok_or_else(|| anyhow::anyhow!("no upstream configured"))?;
+    let (http_url, ws_url) = primary.endpoints().map_err(anyhow::Error::msg)?;
+    let upstream: Arc<dyn Upstreams> = if clients.len() == 1 {
+        Arc::new(clients.into_iter().next().expect("one client"))
+    } else {
+        let members = clients
+            .into_iter()
+            .zip(&config.upstreams)
+            .map(|(client, c)| MemberConfig { client, tier: c.tier, weight: c.weight })
+            .collect();
+        Pool::new(members, PoolConfig::from(&config.pool))
+    };
+    let upstreams = if config.cache.enabled { with_cache(&config, upstream, &ws_url)? } else { upstream };
+    let gateway = Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits));
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
     // Printed on stdout, one line, for people and for scripts waiting on it.
-    println!("sluice listening on http://{addr} and ws://{addr} (upstream {http_url})");
-    tracing::info!(%addr, upstream = %http_url, "serving");
+    println!("sluice listening on http://{addr} and ws://{addr} (upstream {http_url}, {} in all)", names.len());
+    tracing::info!(%addr, upstream = %http_url, upstreams = names.len(), "serving");
     sluice_gateway::serve(listener, gateway, shutdown).await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// One HTTP client per configured upstream, with its name.
+fn clients(config: &Config) -> anyhow::Result<(Vec<HttpUpstream>, Vec<String>)> {
+    let mut clients = Vec::new();
+    let mut names = Vec::new();
+    for (i, upstream) in config.upstreams.iter().enumerate() {
+        let (http_url, _) = upstream.endpoints().map_err(anyhow::Error::msg)?;
+        let name = upstream.name.clone().unwrap_or_else(|| format!("upstream-{i}"));
+        clients.push(
+            HttpUpstream::new(HttpUpstreamConfig {
+                name: name.clone(),
+                url: http_url,
+                timeout: upstream.timeout,
+                max_response_bytes: upstream.max_response_bytes,
+            })
+            .map_err(anyhow::Error::msg)?,
+        );
+        names.push(name);
+    }
+    Ok((clients, names))
+}
+
+/// Refuses to start when two reachable upstreams report different chain ids; an unreachable
+/// one is only warned about (the pool's circuit keeps it out until it answers).
+async fn check_chain_ids(clients: &[HttpUpstream], names: &[String]) -> anyhow::Result<()> {
+    if clients.len() < 2 {
+        return Ok(());
+    }
+    let probe = Request::new(Some(Id::number(1)), "eth_chainId", None);
+    let answers = futures_util::future::join_all(clients.iter().map(|c| {
+        let probe = probe.clone();
+        async move { tokio::time::timeout(Duration::from_secs(5), c.call(&probe)).await }
+    }))
+    .await;
+    let mut first: Option<(&str, String)> = None;
+    for (name, answer) in names.iter().zip(answers) {
+        let chain = match answer {
+            Ok(Ok(Answer { outcome: Outcome::Result(raw), .. })) => raw.get().to_owned(),
+            _ => {
+                tracing::warn!(upstream = %name, "could not read its chain id at start");
+                continue;
+            }
+        };
+        match &first {
+            None => first = Some((name, chain)),
+            Some((first_name, first_chain)) if *first_chain != chain => anyhow::bail!(
+                "upstream {name} is on chain {chain}, but {first_name} is on chain {first_chain}: refusing to mix chains"
+            ),
+            Some(_) => {}
+        }
+    }
     Ok(())
 }
 

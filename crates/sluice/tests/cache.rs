@@ -120,7 +120,8 @@ async fn no_stale_answer_after_a_reorg() {
     assert!(reorgs >= Some(1.0), "{reorgs:?}");
 }
 
-#[tokio::test]
+// The relay runs on this runtime while sluice starts: give it threads of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_identical_misses_make_one_upstream_call() {
     let anvil = Anvil::spawn();
     let relay = FakeUpstream::spawn(Fault::Relay {
@@ -147,7 +148,8 @@ async fn a_thousand_identical_misses_make_one_upstream_call() {
     assert!(count("coalesced") > 0);
 }
 
-#[tokio::test]
+// The relay runs on this runtime while sluice starts: give it threads of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_of_a_failed_leader_get_a_clear_error() {
     let anvil = Anvil::spawn();
     let fail = Some("eth_getBlockByHash");

@@ -45,13 +45,17 @@ async fn headers_say_what_served_and_carry_a_request_id() {
         }
         request.send()
     };
-    let r = send(r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#, Some("trace-42")).await.unwrap();
+    // `pending` reads are never cached, so they always go upstream.
+    let upstream_only = r#"{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266","pending"]}"#;
+    let r = send(upstream_only, Some("trace-42")).await.unwrap();
     assert_eq!(r.headers()["x-sluice-served-by"], "upstream");
     assert_eq!(r.headers()["x-request-id"], "trace-42");
     let r = send("{", None).await.unwrap();
     assert_eq!(r.headers()["x-sluice-served-by"], "local");
     assert!(!r.headers()["x-request-id"].is_empty());
-    let r = send(r#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},2]"#, None).await.unwrap();
+    let r = send(r#"[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266","pending"]},2]"#, None)
+        .await
+        .unwrap();
     assert_eq!(r.headers()["x-sluice-served-by"], "mixed");
 }
 

@@ -1,0 +1,92 @@
+//! What a failed call means for the next step. Pure.
+
+use sluice_jsonrpc::{codes, RawValue};
+
+/// What to do after an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// A good answer, or an error that is the request's own fault: return it.
+    Final,
+    /// The upstream failed (transport, timeout, 429/5xx, garbage, overload): try another one,
+    /// and count it against this upstream.
+    RetryElsewhere,
+    /// This upstream lacks the method: try another one, without counting it as a failure.
+    TryAnother,
+}
+
+/// Judges a JSON-RPC error from an upstream.
+pub fn judge_error(error: &RawValue) -> Verdict {
+    let value: serde_json::Value = serde_json::from_str(error.get()).unwrap_or_default();
+    let code = value["code"].as_i64().unwrap_or(0);
+    let message = value["message"].as_str().unwrap_or("").to_ascii_lowercase();
+    match code {
+        codes::METHOD_NOT_FOUND => Verdict::TryAnother,
+        // Overloaded or rate-limited providers, and internal failures of the node itself.
+        codes::LIMIT_EXCEEDED | codes::INTERNAL_ERROR | codes::RESOURCE_UNAVAILABLE | -32099..=-32006 => {
+            Verdict::RetryElsewhere
+        }
+        _ if message.contains("rate limit")
+            || message.contains("too many requests")
+            || message.contains("capacity") =>
+        {
+            Verdict::RetryElsewhere
+        }
+        _ => Verdict::Final, // reverted, invalid params, nonce too low, …
+    }
+}
+
+/// "The node already has this transaction", in the wordings of geth, reth, erigon, nethermind,
+/// besu and anvil: for a broadcast, as good as accepted.
+pub fn is_already_known(error: &RawValue) -> bool {
+    let value: serde_json::Value = serde_json::from_str(error.get()).unwrap_or_default();
+    let message = value["message"].as_str().unwrap_or("").to_ascii_lowercase();
+    [
+        "already known",                // geth, reth, erigon
+        "alreadyknown",                 // nethermind
+        "known transaction",            // older geth, besu ("known transaction")
+        "transaction already imported", // besu, anvil
+        "transaction already exists",
+        "already in the mempool",
+        "nonce too low: transaction already", // some providers
+    ]
+    .iter()
+    .any(|w| message.contains(w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(json: &str) -> Box<RawValue> {
+        RawValue::from_string(json.into()).unwrap()
+    }
+
+    #[test]
+    fn the_requests_own_faults_are_final() {
+        assert_eq!(judge_error(&raw(r#"{"code":3,"message":"execution reverted","data":"0x"}"#)), Verdict::Final);
+        assert_eq!(judge_error(&raw(r#"{"code":-32602,"message":"invalid params"}"#)), Verdict::Final);
+        assert_eq!(judge_error(&raw(r#"{"code":-32000,"message":"nonce too low"}"#)), Verdict::Final);
+    }
+
+    #[test]
+    fn upstream_trouble_is_retried_elsewhere() {
+        assert_eq!(judge_error(&raw(r#"{"code":-32005,"message":"limit exceeded"}"#)), Verdict::RetryElsewhere);
+        assert_eq!(judge_error(&raw(r#"{"code":-32000,"message":"Too Many Requests"}"#)), Verdict::RetryElsewhere);
+        assert_eq!(judge_error(&raw(r#"{"code":-32603,"message":"internal"}"#)), Verdict::RetryElsewhere);
+        assert_eq!(judge_error(&raw(r#"{"code":-32601,"message":"no such method"}"#)), Verdict::TryAnother);
+    }
+
+    #[test]
+    fn already_known_in_many_wordings() {
+        for m in [
+            "already known",
+            "AlreadyKnown",
+            "Known transaction (0xab)",
+            "transaction already imported",
+            "Transaction already exists",
+        ] {
+            assert!(is_already_known(&raw(&format!(r#"{{"code":-32000,"message":"{m}"}}"#))), "{m}");
+        }
+        assert!(!is_already_known(&raw(r#"{"code":-32000,"message":"nonce too low"}"#)));
+    }
+}

@@ -1,0 +1,191 @@
+//! Several upstreams behind one sluice: failover, no retries for the request's own faults,
+//! lagging nodes kept away from head reads, transactions to every node, and /status.
+//! Real anvil nodes; relays (fault-injecting fakes, here only counting) where calls are counted.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{call, BIN, DEV_ACCOUNT, DEV_KEY};
+use serde_json::{json, Value};
+use sluice_testkit::{foundry_tool, post, rpc_result, Anvil, FakeUpstream, Fault, Sluice};
+
+/// sluice in front of `upstreams`, cache off (every call goes upstream), quick breaker.
+fn pool(upstreams: &[&str], extra_env: &[(&str, &str)]) -> Sluice {
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+    for u in upstreams {
+        args.extend(["--upstream", u]);
+    }
+    let mut env = vec![
+        ("SLUICE_CACHE__ENABLED", "false"),
+        ("SLUICE_POOL__BREAKER_COOLDOWN", "300ms"),
+        ("SLUICE_POOL__PROBE_INTERVAL", "100ms"),
+    ];
+    env.extend_from_slice(extra_env);
+    Sluice::spawn_env(BIN, &args, &env)
+}
+
+async fn status(client: &reqwest::Client, sluice: &Sluice) -> Value {
+    client.get(format!("{}/status", sluice.http_url())).send().await.unwrap().json().await.unwrap()
+}
+
+async fn wait_status(client: &reqwest::Client, sluice: &Sluice, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = status(client, sluice).await;
+        if ok(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{what}: {s}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn relay(to: &Anvil) -> Fault {
+    Fault::Relay { to: to.http_url(), delay: Duration::ZERO, fail_method: None }
+}
+
+#[tokio::test]
+async fn killing_an_upstream_under_load_costs_no_client_errors_and_it_rejoins() {
+    let (a, b) = (Anvil::spawn(), Anvil::spawn());
+    let a_port = a.port;
+    let sluice = pool(&[&a.http_url(), &b.http_url()], &[]);
+    let client = reqwest::Client::new();
+    wait_status(&client, &sluice, "both heads known", |s| s["upstreams"][1]["head"].is_u64()).await;
+    let body = call(json!(1), "eth_getBalance", &json!([DEV_ACCOUNT, "0x0"]));
+    let expected = post(&client, &b.http_url(), body.to_string()).await.1;
+    let mut a = Some(a);
+    let url = sluice.http_url();
+    let mut errors = Vec::new();
+    for round in 0..50 {
+        if round == 10 {
+            drop(a.take()); // kill upstream A mid-load
+        }
+        let answers = futures_util::future::join_all((0..8).map(|_| post(&client, &url, body.to_string()))).await;
+        errors.extend(answers.into_iter().filter(|(status, answer)| *status != 200 || answer != &expected));
+    }
+    assert!(errors.is_empty(), "{} client-visible errors, e.g. {:?}", errors.len(), errors.first());
+    let s = wait_status(&client, &sluice, "a's circuit opens", |s| s["upstreams"][0]["circuit"] != "closed").await;
+    assert_eq!(s["upstreams"][1]["circuit"], "closed");
+    // Bring A back on its port: the prober's half-open probe closes its circuit.
+    let _a = Anvil::spawn_on(a_port, &[]);
+    wait_status(&client, &sluice, "a rejoins", |s| s["upstreams"][0]["circuit"] == "closed").await;
+}
+
+// Relays run on this runtime while sluice starts: give them threads of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_requests_own_errors_come_back_at_once_after_one_call() {
+    let (a, b) = (Anvil::spawn(), Anvil::spawn());
+    let (ra, rb) = (FakeUpstream::spawn(relay(&a)).await, FakeUpstream::spawn(relay(&b)).await);
+    let sluice = pool(&[&ra.url, &rb.url], &[]);
+    let client = reqwest::Client::new();
+    // A call that reverts (calldata to the zero address with value it does not have is fine to
+    // use: a call from an empty account paying value fails).
+    let reverting = call(
+        json!(1),
+        "eth_call",
+        &json!([{"from": "0x0000000000000000000000000000000000000001", "to": DEV_ACCOUNT, "value": "0xffffffffffffffffffffffff"}, "0x0"]),
+    );
+    let invalid = call(json!(2), "eth_getBalance", &json!(["not-an-address", "0x0"]));
+    for (body, method) in [(reverting, "eth_call"), (invalid, "eth_getBalance")] {
+        let direct = post(&client, &a.http_url(), body.to_string()).await.1;
+        assert!(direct.get("error").is_some(), "{direct}");
+        let before = ra.requests_for(method) + rb.requests_for(method);
+        let (_, via) = post(&client, &sluice.http_url(), body.to_string()).await;
+        assert_eq!(via, direct, "unchanged error");
+        assert_eq!(
+            ra.requests_for(method) + rb.requests_for(method) - before,
+            1,
+            "{method}: exactly one upstream call"
+        );
+    }
+}
+
+// Relays run on this runtime while sluice starts: give them threads of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_upstream_is_not_used_for_latest_reads() {
+    let (a, b) = (Anvil::spawn(), Anvil::spawn());
+    let (ra, rb) = (FakeUpstream::spawn(relay(&a)).await, FakeUpstream::spawn(relay(&b)).await);
+    rpc_result(&reqwest::Client::new(), &a.http_url(), "anvil_mine", json!(["0xa"])).await;
+    let sluice = pool(&[&ra.url, &rb.url], &[("SLUICE_POOL__MAX_LAG", "2")]);
+    let client = reqwest::Client::new();
+    wait_status(&client, &sluice, "b seen 10 behind", |s| s["upstreams"][1]["lag"] == 10).await;
+    let before_b = rb.requests_for("eth_getBalance");
+    for _ in 0..30 {
+        let (_, answer) = post(
+            &client,
+            &sluice.http_url(),
+            call(json!(1), "eth_getBalance", &json!([DEV_ACCOUNT, "latest"])).to_string(),
+        )
+        .await;
+        assert!(answer["result"].is_string(), "{answer}");
+    }
+    assert_eq!(rb.requests_for("eth_getBalance"), before_b, "no latest read went to the lagging upstream");
+    assert!(ra.requests_for("eth_getBalance") >= 30);
+}
+
+#[tokio::test]
+async fn transactions_go_to_every_upstream_and_already_imported_counts_as_accepted() {
+    let (a, b) = (Anvil::spawn_with(&["--no-mining"]), Anvil::spawn_with(&["--no-mining"]));
+    let sluice = pool(&[&a.http_url(), &b.http_url()], &[]);
+    let client = reqwest::Client::new();
+    let out = std::process::Command::new(foundry_tool("cast"))
+        .args([
+            "mktx",
+            "--private-key",
+            DEV_KEY,
+            "0x70997970c51812dc3a010c7d01b50e0d17dc79c8",
+            "--value",
+            "1",
+            "--nonce",
+            "0",
+        ])
+        .args([
+            "--chain",
+            "31337",
+            "--gas-limit",
+            "21000",
+            "--gas-price",
+            "2000000000",
+            "--priority-gas-price",
+            "1000000000",
+        ])
+        .args(["--rpc-url", &a.http_url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let raw = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let send = call(json!(1), "eth_sendRawTransaction", &json!([raw]));
+    let (_, first) = post(&client, &sluice.http_url(), send.to_string()).await;
+    let hash = first["result"].as_str().unwrap_or_else(|| panic!("{first}")).to_owned();
+    for node in [&a, &b] {
+        let tx = rpc_result(&client, &node.http_url(), "eth_getTransactionByHash", json!([hash])).await;
+        assert_eq!(tx["hash"], hash.as_str(), "in every upstream's pool");
+    }
+    // Both nodes now answer "transaction already imported": still a success, with the hash.
+    let (_, again) = post(&client, &sluice.http_url(), send.to_string()).await;
+    assert_eq!(again["result"], hash.as_str(), "{again}");
+}
+
+#[tokio::test]
+async fn status_lists_every_upstream_and_wrong_chains_are_refused() {
+    let (a, b) = (Anvil::spawn(), Anvil::spawn());
+    let sluice = pool(&[&a.http_url(), &b.http_url()], &[]);
+    let client = reqwest::Client::new();
+    let s = wait_status(&client, &sluice, "heads known", |s| s["upstreams"][1]["head"].is_u64()).await;
+    let members = s["upstreams"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    for (i, m) in members.iter().enumerate() {
+        assert_eq!(m["name"], format!("upstream-{i}"));
+        assert_eq!(m["circuit"], "closed");
+        assert_eq!(m["lag"], 0);
+    }
+    let other_chain = Anvil::spawn_with(&["--chain-id", "5"]);
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", &a.http_url(), "--upstream", &other_chain.http_url()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("upstream-1 is on chain") && stderr.contains("refusing"), "{stderr}");
+}
