@@ -26,6 +26,9 @@ pub enum UpstreamError {
     /// No upstream could take the call (all circuits open, or all too far behind).
     #[error("no upstream available")]
     NoneAvailable,
+    /// Every upstream that could take the call has spent its rate limit or daily quota.
+    #[error("all upstreams are over their request budget; try again later")]
+    BudgetExhausted,
 }
 
 impl UpstreamError {
@@ -38,13 +41,18 @@ impl UpstreamError {
             UpstreamError::InvalidResponse(_) => "invalid_response",
             UpstreamError::ResponseTooLarge => "too_large",
             UpstreamError::NoneAvailable => "none_available",
+            UpstreamError::BudgetExhausted => "budget_exhausted",
         }
     }
 
-    /// The JSON-RPC error a caller sees: -32002 (resource unavailable), a message that says
-    /// which failure it was, and its kind as `data.reason`.
+    /// The JSON-RPC error a caller sees: -32002 (resource unavailable), or -32005 (limit
+    /// exceeded) for spent budgets, a message that says which failure it was, and its kind as
+    /// `data.reason`.
     pub fn to_error_object(&self) -> ErrorObject {
-        ErrorObject::new(codes::RESOURCE_UNAVAILABLE, self.to_string())
-            .with_data(serde_json::json!({ "reason": self.kind() }))
+        let code = match self {
+            UpstreamError::BudgetExhausted => codes::LIMIT_EXCEEDED,
+            _ => codes::RESOURCE_UNAVAILABLE,
+        };
+        ErrorObject::new(code, self.to_string()).with_data(serde_json::json!({ "reason": self.kind() }))
     }
 }

@@ -64,8 +64,17 @@ impl HttpUpstream {
         self.next_id.fetch_add(n, Ordering::Relaxed)
     }
 
+    /// The configured deadline for one call.
+    pub fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
     /// POSTs a body and returns the answer's bytes, classifying every failure.
     async fn post(&self, body: Vec<u8>) -> Result<(u16, Bytes), UpstreamError> {
+        self.post_within(body, self.config.timeout).await
+    }
+
+    async fn post_within(&self, body: Vec<u8>, timeout: Duration) -> Result<(u16, Bytes), UpstreamError> {
         let request = hyper::Request::post(self.uri.clone())
             .header(CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
@@ -90,9 +99,7 @@ impl HttpUpstream {
                 .to_bytes();
             Ok((status, body))
         };
-        tokio::time::timeout(self.config.timeout, exchange)
-            .await
-            .map_err(|_| UpstreamError::Timeout(self.config.timeout))?
+        tokio::time::timeout(timeout, exchange).await.map_err(|_| UpstreamError::Timeout(timeout))?
     }
 
     fn record(&self, started: Instant, outcome: &'static str) {
@@ -113,14 +120,14 @@ fn parse_answer<T: serde::de::DeserializeOwned>(status: u16, body: &[u8]) -> Res
     }
 }
 
-#[async_trait]
-impl Upstreams for HttpUpstream {
-    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
+impl HttpUpstream {
+    /// Makes one call with its own deadline (longer for slow methods such as `eth_getLogs`).
+    pub async fn call_within(&self, req: &Request, timeout: Duration) -> Result<Answer, UpstreamError> {
         let started = Instant::now();
         let id = self.ids(1);
         let mut body = Vec::with_capacity(64 + req.method.len() + req.params_text().len());
         req.write_with_id(&id.to_string(), &mut body);
-        let result = match self.post(body).await {
+        let result = match self.post_within(body, timeout).await {
             Ok((status, bytes)) => parse_answer::<ResponseEnvelope>(status, &bytes).and_then(|env| {
                 if env.numeric_id() != Some(id) {
                     return Err(UpstreamError::InvalidResponse("answer id does not match"));
@@ -133,6 +140,13 @@ impl Upstreams for HttpUpstream {
         };
         self.record(started, result.as_ref().map_or_else(UpstreamError::kind, |_| "ok"));
         result
+    }
+}
+
+#[async_trait]
+impl Upstreams for HttpUpstream {
+    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
+        self.call_within(req, self.config.timeout).await
     }
 
     async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {

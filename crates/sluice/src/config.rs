@@ -51,6 +51,37 @@ pub struct PoolSection {
     /// How often each upstream's head is read.
     #[serde(with = "humantime_serde")]
     pub probe_interval: Duration,
+    /// When to send a slow call to a second upstream too: "p95" (its recent p95, at least
+    /// 20 ms), a fixed delay such as "50ms", or "off".
+    pub hedge: String,
+    /// Hedges may add at most this fraction of extra calls.
+    pub hedge_max_extra: f64,
+    /// Deadlines by method, e.g. { "eth_getLogs" = "60s", "debug_*" = "120s" }.
+    pub method_timeouts: std::collections::BTreeMap<String, String>,
+}
+
+impl PoolSection {
+    fn hedge_after(&self) -> Result<sluice_upstream::pool::HedgeAfter, String> {
+        use sluice_upstream::pool::HedgeAfter;
+        match self.hedge.as_str() {
+            "off" => Ok(HedgeAfter::Off),
+            "p95" => Ok(HedgeAfter::P95 { floor: Duration::from_millis(20) }),
+            fixed => humantime::parse_duration(fixed)
+                .map(HedgeAfter::Fixed)
+                .map_err(|e| format!("pool.hedge: {fixed:?} is not \"p95\", \"off\" or a duration: {e}")),
+        }
+    }
+
+    fn method_timeouts(&self) -> Result<Vec<(String, Duration)>, String> {
+        self.method_timeouts
+            .iter()
+            .map(|(method, t)| {
+                humantime::parse_duration(t)
+                    .map(|d| (method.clone(), d))
+                    .map_err(|e| format!("pool.method_timeouts.{method}: {e}"))
+            })
+            .collect()
+    }
 }
 
 impl Default for PoolSection {
@@ -63,20 +94,28 @@ impl Default for PoolSection {
             breaker_threshold: d.breaker_threshold,
             breaker_cooldown: d.breaker_cooldown,
             probe_interval: d.probe_interval,
+            hedge: "p95".into(),
+            hedge_max_extra: d.hedge_max_extra,
+            method_timeouts: Default::default(),
         }
     }
 }
 
-impl From<&PoolSection> for sluice_upstream::pool::PoolConfig {
-    fn from(p: &PoolSection) -> Self {
-        Self {
+impl TryFrom<&PoolSection> for sluice_upstream::pool::PoolConfig {
+    type Error = String;
+
+    fn try_from(p: &PoolSection) -> Result<Self, String> {
+        Ok(Self {
             max_attempts: p.max_attempts,
             deadline: p.deadline,
             max_lag: p.max_lag,
             breaker_threshold: p.breaker_threshold,
             breaker_cooldown: p.breaker_cooldown,
             probe_interval: p.probe_interval,
-        }
+            hedge: p.hedge_after()?,
+            hedge_max_extra: p.hedge_max_extra,
+            method_timeouts: p.method_timeouts()?,
+        })
     }
 }
 
@@ -167,6 +206,21 @@ pub struct UpstreamConfig {
     /// Relative share among upstreams of one tier.
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// Calls in flight to this upstream at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<usize>,
+    /// Requests per second at most (a provider's rate limit), enforced by sluice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// Requests per UTC day at most (a provider's quota), enforced by sluice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daily_quota: Option<u64>,
+    /// Only these methods go here (`prefix_*` wildcards); empty: all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    /// These methods never go here (`prefix_*` wildcards).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_methods: Vec<String>,
 }
 
 fn default_weight() -> u32 {
@@ -243,6 +297,11 @@ impl UpstreamConfig {
             max_response_bytes: default_max_response_bytes(),
             tier: 0,
             weight: 1,
+            max_concurrency: None,
+            rate: None,
+            daily_quota: None,
+            methods: Vec::new(),
+            exclude_methods: Vec::new(),
         }
     }
 
@@ -355,8 +414,19 @@ impl Config {
         anyhow::ensure!(self.pool.max_attempts > 0, "pool.max_attempts: must be more than zero");
         anyhow::ensure!(!self.pool.deadline.is_zero(), "pool.deadline: must be more than zero");
         anyhow::ensure!(!self.pool.probe_interval.is_zero(), "pool.probe_interval: must be more than zero");
+        self.pool.hedge_after().map_err(anyhow::Error::msg)?;
+        self.pool.method_timeouts().map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.pool.hedge_max_extra),
+            "pool.hedge_max_extra: must be between 0 and 1"
+        );
         for (i, upstream) in self.upstreams.iter().enumerate() {
             anyhow::ensure!(upstream.weight > 0, "upstreams[{i}].weight: must be more than zero");
+            anyhow::ensure!(upstream.rate.is_none_or(|r| r > 0.0), "upstreams[{i}].rate: must be more than zero");
+            anyhow::ensure!(
+                upstream.max_concurrency != Some(0),
+                "upstreams[{i}].max_concurrency: must be more than zero"
+            );
         }
         let c = &self.cache;
         anyhow::ensure!(c.memory_bytes > 0, "cache.memory_bytes: must be more than zero");

@@ -8,7 +8,7 @@ use sluice_gateway::{Gateway, Limits};
 use std::time::Duration;
 
 use sluice_jsonrpc::{Id, Outcome, Request};
-use sluice_upstream::pool::{MemberConfig, Pool, PoolConfig};
+use sluice_upstream::pool::{MemberConfig, MethodFilter, Pool, PoolConfig};
 use sluice_upstream::{spawn_head_watcher, Answer, HeadConfig, HttpUpstream, HttpUpstreamConfig, Upstreams};
 use tokio::net::TcpListener;
 
@@ -28,9 +28,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         let members = clients
             .into_iter()
             .zip(&config.upstreams)
-            .map(|(client, c)| MemberConfig { client, tier: c.tier, weight: c.weight })
+            .map(|(client, c)| MemberConfig {
+                client,
+                tier: c.tier,
+                weight: c.weight,
+                filter: MethodFilter { include: c.methods.clone(), exclude: c.exclude_methods.clone() },
+                max_concurrency: c.max_concurrency,
+                rate: c.rate,
+                daily_quota: c.daily_quota,
+            })
             .collect();
-        Pool::new(members, PoolConfig::from(&config.pool))
+        Pool::new(members, PoolConfig::try_from(&config.pool).map_err(anyhow::Error::msg)?)
     };
     let upstreams = if config.cache.enabled { with_cache(&config, upstream, &ws_url)? } else { upstream };
     let gateway = Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits));

@@ -189,3 +189,122 @@ async fn status_lists_every_upstream_and_wrong_chains_are_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("upstream-1 is on chain") && stderr.contains("refusing"), "{stderr}");
 }
+
+/// sluice from a TOML config (per-upstream settings need the file), cache off.
+fn pool_from(toml: &str) -> (Sluice, tempfile::NamedTempFile) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), format!("[cache]\nenabled = false\n{toml}")).unwrap();
+    let args = ["serve", "--listen", "127.0.0.1:0", "--config", file.path().to_str().unwrap()];
+    (Sluice::spawn(BIN, &args), file)
+}
+
+fn slow_relay(to: &Anvil, delay_ms: u64) -> Fault {
+    Fault::Relay { to: to.http_url(), delay: Duration::from_millis(delay_ms), fail_method: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_primary_is_hedged_to_a_fast_fallback_within_the_cap() {
+    let (a, b) = (Anvil::spawn(), Anvil::spawn());
+    let (slow, fast) = (FakeUpstream::spawn(slow_relay(&a, 300)).await, FakeUpstream::spawn(slow_relay(&b, 0)).await);
+    let upstreams =
+        format!("[[upstreams]]\nurl = \"{}\"\ntier = 0\n[[upstreams]]\nurl = \"{}\"\ntier = 1\n", slow.url, fast.url);
+    let client = reqwest::Client::new();
+    let body = call(json!(1), "eth_getBalance", &json!([DEV_ACCOUNT, "0x0"])).to_string();
+
+    // Every call may hedge: each one ends near the fast upstream's latency, not the slow one's.
+    let (sluice, _f) = pool_from(&format!("[pool]\nhedge = \"50ms\"\nhedge_max_extra = 1.0\n{upstreams}"));
+    for _ in 0..10 {
+        let started = Instant::now();
+        let (_, answer) = post(&client, &sluice.http_url(), body.clone()).await;
+        assert!(answer["result"].is_string(), "{answer}");
+        assert!(started.elapsed() < Duration::from_millis(250), "hedged call took {:?}", started.elapsed());
+    }
+    drop(sluice);
+
+    // A 20 % cap: of 50 slow calls, at most 10 (the burst) + 20 % are hedged.
+    let before = fast.requests_for("eth_getBalance");
+    let (sluice, _f) = pool_from(&format!("[pool]\nhedge = \"20ms\"\nhedge_max_extra = 0.2\n{upstreams}"));
+    let url = sluice.http_url();
+    futures_util::future::join_all((0..50).map(|_| post(&client, &url, body.clone()))).await;
+    let hedges = fast.requests_for("eth_getBalance") - before;
+    assert!(hedges <= 10, "{hedges} hedges for 50 calls with a 20 % cap");
+    assert!(hedges >= 1, "some calls were hedged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_are_never_exceeded_and_beyond_them_callers_get_32005() {
+    let (a, b) = (Anvil::spawn(), Anvil::spawn());
+    let (ra, rb) = (FakeUpstream::spawn(relay(&a)).await, FakeUpstream::spawn(relay(&b)).await);
+    let client = reqwest::Client::new();
+    let body = call(json!(1), "eth_getBalance", &json!([DEV_ACCOUNT, "0x0"])).to_string();
+
+    // Daily quotas of 3 and 2: five calls succeed, then -32005, and the relays saw exactly five.
+    let (sluice, _f) = pool_from(&format!(
+        "[[upstreams]]\nurl = \"{}\"\ndaily_quota = 3\n[[upstreams]]\nurl = \"{}\"\ndaily_quota = 2\n",
+        ra.url, rb.url
+    ));
+    let mut ok = 0;
+    for _ in 0..8 {
+        let (_, answer) = post(&client, &sluice.http_url(), body.clone()).await;
+        if answer["result"].is_string() {
+            ok += 1;
+        } else {
+            assert_eq!(answer["error"]["code"], -32005, "{answer}");
+            assert_eq!(answer["error"]["data"]["reason"], "budget_exhausted");
+        }
+    }
+    assert_eq!(ok, 5);
+    assert_eq!(ra.requests_for("eth_getBalance"), 3);
+    assert_eq!(rb.requests_for("eth_getBalance"), 2);
+    let s = status(&client, &sluice).await;
+    assert_eq!(s["upstreams"][0]["daily_quota_left"], 0);
+    drop(sluice);
+
+    // A rate of 5/s each: over about a second of hammering, each relay sees at most 5/s + the burst.
+    let (sluice, _f) = pool_from(&format!(
+        "[[upstreams]]\nurl = \"{}\"\nrate = 5\n[[upstreams]]\nurl = \"{}\"\nrate = 5\n",
+        ra.url, rb.url
+    ));
+    let (before_a, before_b) = (ra.requests_for("eth_getBalance"), rb.requests_for("eth_getBalance"));
+    let started = Instant::now();
+    let mut limited = 0;
+    while started.elapsed() < Duration::from_secs(1) {
+        let (_, answer) = post(&client, &sluice.http_url(), body.clone()).await;
+        limited += (answer["error"]["code"] == -32005) as usize;
+    }
+    let allowed = 5.0 * started.elapsed().as_secs_f64() + 5.0 + 1.0;
+    for (relay, before) in [(&ra, before_a), (&rb, before_b)] {
+        let seen = (relay.requests_for("eth_getBalance") - before) as f64;
+        assert!(seen <= allowed, "{seen} calls in {:?} against a 5/s budget", started.elapsed());
+    }
+    assert!(limited > 0, "callers beyond the budget were told so");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn method_filters_route_calls_away_from_upstreams_that_exclude_them() {
+    let (a, b) = (Anvil::spawn(), Anvil::spawn());
+    let (ra, rb) = (FakeUpstream::spawn(relay(&a)).await, FakeUpstream::spawn(relay(&b)).await);
+    let (sluice, _f) = pool_from(&format!(
+        "[[upstreams]]\nurl = \"{}\"\nexclude_methods = [\"eth_getBal*\"]\n[[upstreams]]\nurl = \"{}\"\nmethods = [\"eth_getBalance\", \"eth_blockNumber\"]\n",
+        ra.url, rb.url
+    ));
+    let client = reqwest::Client::new();
+    // The start-up chain-id check asks every upstream once; count from here.
+    let (chain_a, chain_b) = (ra.requests_for("eth_chainId"), rb.requests_for("eth_chainId"));
+    for _ in 0..10 {
+        let (_, answer) = post(
+            &client,
+            &sluice.http_url(),
+            call(json!(1), "eth_getBalance", &json!([DEV_ACCOUNT, "0x0"])).to_string(),
+        )
+        .await;
+        assert!(answer["result"].is_string());
+        let (_, answer) =
+            post(&client, &sluice.http_url(), call(json!(2), "eth_chainId", &json!([])).to_string()).await;
+        assert_eq!(answer["result"], "0x7a69");
+    }
+    assert_eq!(ra.requests_for("eth_getBalance"), 0);
+    assert_eq!(rb.requests_for("eth_getBalance"), 10);
+    assert_eq!(ra.requests_for("eth_chainId") - chain_a, 10, "only a serves eth_chainId");
+    assert_eq!(rb.requests_for("eth_chainId"), chain_b);
+}

@@ -9,18 +9,24 @@
 //! that lets a recovered member back in without client traffic.
 
 mod breaker;
+mod budget;
 mod classify;
 mod health;
+mod hedge;
 
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use sluice_jsonrpc::{Id, Outcome, RawValue, Request};
 
 pub use breaker::{Breaker, Circuit};
+pub use budget::{DailyQuota, MethodFilter, RateLimit};
 pub use classify::{is_already_known, judge_error, Verdict};
+use futures_util::future::Either;
 pub use health::Health;
+pub use hedge::{HedgeAfter, HedgeBudget, Recent};
+use tokio::sync::Semaphore;
 
 use crate::{Answer, HttpUpstream, UpstreamError, Upstreams};
 
@@ -39,6 +45,12 @@ pub struct PoolConfig {
     pub breaker_cooldown: Duration,
     /// How often each member's head is read.
     pub probe_interval: Duration,
+    /// When to send a slow call to a second member as well.
+    pub hedge: HedgeAfter,
+    /// Hedges may add at most this fraction of extra calls (0.1 = 10 %).
+    pub hedge_max_extra: f64,
+    /// Deadlines by method (`prefix_*` wildcards), instead of the member's own timeout.
+    pub method_timeouts: Vec<(String, Duration)>,
 }
 
 impl Default for PoolConfig {
@@ -50,6 +62,9 @@ impl Default for PoolConfig {
             breaker_threshold: 5,
             breaker_cooldown: Duration::from_secs(5),
             probe_interval: Duration::from_secs(1),
+            hedge: HedgeAfter::P95 { floor: Duration::from_millis(20) },
+            hedge_max_extra: 0.1,
+            method_timeouts: Vec::new(),
         }
     }
 }
@@ -62,18 +77,71 @@ pub struct MemberConfig {
     pub tier: u8,
     /// Relative share among members of one tier.
     pub weight: u32,
+    /// Which methods it serves.
+    pub filter: MethodFilter,
+    /// Calls in flight at most.
+    pub max_concurrency: Option<usize>,
+    /// Requests per second at most (the provider's rate limit).
+    pub rate: Option<f64>,
+    /// Requests per UTC day at most (the provider's quota).
+    pub daily_quota: Option<u64>,
+}
+
+impl MemberConfig {
+    /// A member with no limits.
+    pub fn new(client: HttpUpstream) -> Self {
+        Self {
+            client,
+            tier: 0,
+            weight: 1,
+            filter: MethodFilter::default(),
+            max_concurrency: None,
+            rate: None,
+            daily_quota: None,
+        }
+    }
 }
 
 struct Member {
     client: HttpUpstream,
     tier: u8,
     weight: u32,
+    filter: MethodFilter,
+    slots: Option<Arc<Semaphore>>,
     state: Mutex<State>,
 }
 
 struct State {
     health: Health,
     breaker: Breaker,
+    recent: Recent,
+    rate: Option<RateLimit>,
+    quota: Option<DailyQuota>,
+}
+
+impl State {
+    /// Whether the member's budgets allow a call now.
+    fn within_budget(&mut self, now: Instant, wall: SystemTime) -> bool {
+        self.rate.as_mut().is_none_or(|r| r.available(now)) && self.quota.as_mut().is_none_or(|q| q.left(wall) > 0)
+    }
+
+    /// Spends one call of the budgets; false if either is spent.
+    fn spend(&mut self, now: Instant, wall: SystemTime) -> bool {
+        if !self.within_budget(now, wall) {
+            return false;
+        }
+        self.rate.as_mut().is_none_or(|r| r.take(now)) && self.quota.as_mut().is_none_or(|q| q.take(wall))
+    }
+}
+
+/// Keeps `in_flight` right when a call is cancelled (the losing half of a hedge).
+struct InFlight<'a>(&'a Member);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.health.in_flight = state.health.in_flight.saturating_sub(1);
+    }
 }
 
 impl Member {
@@ -86,6 +154,13 @@ impl Member {
 pub struct Pool {
     members: Vec<Member>,
     config: PoolConfig,
+    hedges: Mutex<HedgeBudget>,
+}
+
+/// The members to try for one call, or why there are none.
+enum Order {
+    Try(Vec<usize>),
+    OverBudget,
 }
 
 impl Pool {
@@ -97,13 +172,19 @@ impl Pool {
                 client: m.client,
                 tier: m.tier,
                 weight: m.weight,
+                filter: m.filter,
+                slots: m.max_concurrency.map(|n| Arc::new(Semaphore::new(n.max(1)))),
                 state: Mutex::new(State {
                     health: Health::default(),
                     breaker: Breaker::new(config.breaker_threshold, config.breaker_cooldown),
+                    recent: Recent::default(),
+                    rate: m.rate.map(|r| RateLimit::new(r, Instant::now())),
+                    quota: m.daily_quota.map(|q| DailyQuota::new(q, SystemTime::now())),
                 }),
             })
             .collect();
-        let pool = Arc::new(Self { members, config });
+        let hedges = Mutex::new(HedgeBudget::new(config.hedge_max_extra, 10.0));
+        let pool = Arc::new(Self { members, config, hedges });
         tokio::spawn(probe(Arc::downgrade(&pool)));
         pool
     }
@@ -112,49 +193,118 @@ impl Pool {
         self.members.iter().filter_map(|m| m.state().health.head).max()
     }
 
-    /// Members to try, best first.
-    fn order(&self, head_bound: bool) -> Vec<usize> {
-        let now = Instant::now();
+    /// Members to try for `method`, best first: tier, then score (busy members last). Left out:
+    /// members that do not serve the method, open circuits, members over budget, and for
+    /// head-bound reads members lagging more than `max_lag`.
+    fn order(&self, method: &str, head_bound: bool) -> Order {
+        let (now, wall) = (Instant::now(), SystemTime::now());
         let best = self.best_head();
-        let mut candidates: Vec<(u8, f64, usize)> = self
-            .members
-            .iter()
-            .enumerate()
-            .filter_map(|(i, m)| {
-                let state = m.state();
-                if !state.breaker.would_allow(now) {
-                    return None;
-                }
-                if head_bound && state.health.lag(best).is_some_and(|lag| lag > self.config.max_lag) {
-                    return None;
-                }
-                Some((m.tier, state.health.score(m.weight), i))
-            })
-            .collect();
-        candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
-        candidates.into_iter().map(|(_, _, i)| i).collect()
+        let mut over_budget = false;
+        let mut candidates: Vec<(u8, bool, f64, usize)> = Vec::new();
+        for (i, m) in self.members.iter().enumerate() {
+            if !m.filter.allows(method) {
+                continue;
+            }
+            let mut state = m.state();
+            if !state.breaker.would_allow(now) {
+                continue;
+            }
+            if head_bound && state.health.lag(best).is_some_and(|lag| lag > self.config.max_lag) {
+                continue;
+            }
+            if !state.within_budget(now, wall) {
+                over_budget = true;
+                continue;
+            }
+            let busy = m.slots.as_ref().is_some_and(|s| s.available_permits() == 0);
+            candidates.push((m.tier, busy, state.health.score(m.weight), i));
+        }
+        if candidates.is_empty() && over_budget {
+            return Order::OverBudget;
+        }
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2)));
+        Order::Try(candidates.into_iter().map(|(_, _, _, i)| i).collect())
     }
 
-    /// Calls one member, updating its health and circuit.
+    /// The deadline for one call of `method`.
+    fn timeout_for(&self, method: &str, member: &Member) -> Duration {
+        let by_method = self.config.method_timeouts.iter().find(|(pattern, _)| match pattern.strip_suffix('*') {
+            Some(prefix) => method.starts_with(prefix),
+            None => pattern == method,
+        });
+        by_method.map_or_else(|| member.client.timeout(), |(_, t)| *t)
+    }
+
+    /// Calls one member within its concurrency limit and budgets, updating its health,
+    /// latency window and circuit.
     async fn call_member(&self, i: usize, req: &Request) -> Result<Answer, UpstreamError> {
         let member = &self.members[i];
+        let _slot = match &member.slots {
+            Some(slots) => Some(slots.clone().acquire_owned().await.map_err(|_| UpstreamError::NoneAvailable)?),
+            None => None,
+        };
+        if !member.state().spend(Instant::now(), SystemTime::now()) {
+            return Err(UpstreamError::BudgetExhausted);
+        }
         member.state().health.in_flight += 1;
+        let in_flight = InFlight(member);
         let started = Instant::now();
-        let result = member.client.call(req).await;
+        let result = member.client.call_within(req, self.timeout_for(&req.method, member)).await;
         let healthy = match &result {
             Ok(Answer { outcome: Outcome::Error(e), .. }) => judge_error(e) != Verdict::RetryElsewhere,
             Ok(_) => true,
             Err(_) => false,
         };
+        drop(in_flight);
         let mut state = member.state();
-        state.health.in_flight -= 1;
         state.health.record(started.elapsed(), healthy);
         if healthy {
+            state.recent.push(started.elapsed());
             state.breaker.on_success();
         } else {
             state.breaker.on_failure(Instant::now());
         }
         result
+    }
+
+    /// The first attempt: `first`, hedged to `second` if it is slower than the hedge delay and
+    /// the hedge budget allows. The first good answer wins; the other call is cancelled.
+    /// Also says whether `second` was called.
+    async fn hedged(
+        &self,
+        first: usize,
+        second: Option<usize>,
+        req: &Request,
+    ) -> (Result<Answer, UpstreamError>, bool) {
+        self.hedges.lock().unwrap_or_else(|e| e.into_inner()).on_call();
+        let delay = self.config.hedge.delay(&self.members[first].state().recent);
+        let (Some(delay), Some(second)) = (delay, second) else { return (self.call_member(first, req).await, false) };
+        let primary = self.call_member(first, req);
+        tokio::pin!(primary);
+        tokio::select! {
+            result = &mut primary => return (result, false),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        let allowed = self.hedges.lock().unwrap_or_else(|e| e.into_inner()).try_hedge()
+            && self.members[second].state().breaker.allow(Instant::now());
+        if !allowed {
+            return (primary.await, false);
+        }
+        metrics::counter!("sluice_pool_hedges_total").increment(1);
+        let backup = self.call_member(second, req);
+        tokio::pin!(backup);
+        let result = tokio::select! {
+            result = &mut primary => if good(&result) { result } else { backup.await },
+            result = &mut backup => {
+                if good(&result) {
+                    metrics::counter!("sluice_pool_hedge_wins_total").increment(1);
+                    result
+                } else {
+                    primary.await
+                }
+            }
+        };
+        (result, true)
     }
 
     /// Sends a transaction to every available member; any acceptance (or "already known")
@@ -196,7 +346,7 @@ impl Pool {
             .members
             .iter()
             .map(|m| {
-                let s = m.state();
+                let mut s = m.state();
                 serde_json::json!({
                     "name": m.client.name(),
                     "tier": m.tier,
@@ -208,10 +358,21 @@ impl Pool {
                     "head": s.health.head,
                     "lag": s.health.lag(best),
                     "score": s.health.score(m.weight).round(),
+                    "rate_left": s.rate.as_mut().map(|r| r.left(now)),
+                    "daily_quota_left": s.quota.as_mut().map(|q| q.left(SystemTime::now())),
                 })
             })
             .collect();
         serde_json::json!({ "best_head": best, "upstreams": members })
+    }
+}
+
+/// A result, or an error that is the request's own fault: an answer to return.
+fn good(result: &Result<Answer, UpstreamError>) -> bool {
+    match result {
+        Ok(Answer { outcome: Outcome::Result(_), .. }) => true,
+        Ok(Answer { outcome: Outcome::Error(e), .. }) => judge_error(e) == Verdict::Final,
+        Err(_) => false,
     }
 }
 
@@ -265,30 +426,48 @@ impl Upstreams for Pool {
         if req.method == "eth_sendRawTransaction" {
             return self.broadcast(req).await;
         }
+        let order = match self.order(&req.method, head_bound(req)) {
+            Order::Try(order) => order,
+            Order::OverBudget => return Err(UpstreamError::BudgetExhausted),
+        };
         let deadline = tokio::time::Instant::now() + self.config.deadline;
         let mut last: Option<Result<Answer, UpstreamError>> = None;
+        let mut tried = vec![false; self.members.len()];
         let mut attempts = 0;
-        for i in self.order(head_bound(req)) {
+        for (position, &i) in order.iter().enumerate() {
             if attempts >= self.config.max_attempts {
                 break;
             }
-            if !self.members[i].state().breaker.allow(Instant::now()) {
+            if tried[i] || !self.members[i].state().breaker.allow(Instant::now()) {
                 continue;
             }
             attempts += 1;
-            match tokio::time::timeout_at(deadline, self.call_member(i, req)).await {
+            tried[i] = true;
+            let attempt = if attempts == 1 {
+                let second = order.get(position + 1).copied();
+                Either::Left(async move {
+                    let (result, used_second) = self.hedged(i, second, req).await;
+                    (result, used_second.then_some(second).flatten())
+                })
+            } else {
+                Either::Right(async move { (self.call_member(i, req).await, None) })
+            };
+            match tokio::time::timeout_at(deadline, attempt).await {
                 Err(_) => {
                     last = Some(Err(UpstreamError::Timeout(self.config.deadline)));
                     break;
                 }
-                Ok(Ok(answer)) => match &answer.outcome {
-                    Outcome::Result(_) => return Ok(answer),
-                    Outcome::Error(e) if judge_error(e) == Verdict::Final => return Ok(answer),
-                    Outcome::Error(_) => last = Some(Ok(answer)),
-                },
-                Ok(Err(e)) => {
-                    metrics::counter!("sluice_pool_retries_total").increment(1);
-                    last = Some(Err(e));
+                Ok((result, hedged_to)) => {
+                    if let Some(j) = hedged_to {
+                        tried[j] = true; // already asked this call
+                    }
+                    if good(&result) {
+                        return result;
+                    }
+                    if result.is_err() {
+                        metrics::counter!("sluice_pool_retries_total").increment(1);
+                    }
+                    last = Some(result);
                 }
             }
         }
@@ -316,6 +495,12 @@ async fn probe(pool: Weak<Pool>) {
             let request = request.clone();
             async move {
                 let member = &pool.members[i];
+                // A member with a daily quota is probed only to close its circuit: probes
+                // would otherwise spend the provider's quota.
+                let quota = member.state().quota.is_some();
+                if quota && member.state().breaker.state(Instant::now()) == Circuit::Closed {
+                    return;
+                }
                 let allowed = member.state().breaker.allow(Instant::now());
                 if !allowed {
                     return;

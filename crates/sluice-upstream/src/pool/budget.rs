@@ -1,0 +1,152 @@
+//! Per-upstream budgets: a request rate (token bucket) and a daily quota, enforced on sluice's
+//! side so a provider's limits are never exceeded. Pure: time is passed in.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A token bucket: `rate` per second, up to `burst` at once.
+#[derive(Debug, Clone)]
+pub struct RateLimit {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl RateLimit {
+    /// `rate` requests per second; bursts up to one second's worth (at least 1).
+    pub fn new(rate: f64, now: Instant) -> Self {
+        let burst = rate.max(1.0);
+        Self { rate, burst, tokens: burst, last: now }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.last = now;
+    }
+
+    /// Whether one request may go now (without taking it).
+    pub fn available(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        self.tokens >= 1.0
+    }
+
+    /// Takes one request's token if there is one.
+    pub fn take(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Tokens left now, rounded down.
+    pub fn left(&mut self, now: Instant) -> u64 {
+        self.refill(now);
+        self.tokens as u64
+    }
+}
+
+/// A quota of requests per UTC day.
+#[derive(Debug, Clone)]
+pub struct DailyQuota {
+    limit: u64,
+    used: u64,
+    day: u64,
+}
+
+fn utc_day(now: SystemTime) -> u64 {
+    now.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_secs() / 86_400
+}
+
+impl DailyQuota {
+    /// `limit` requests per UTC day.
+    pub fn new(limit: u64, now: SystemTime) -> Self {
+        Self { limit, used: 0, day: utc_day(now) }
+    }
+
+    fn roll(&mut self, now: SystemTime) {
+        let today = utc_day(now);
+        if today != self.day {
+            self.day = today;
+            self.used = 0;
+        }
+    }
+
+    /// Requests left today.
+    pub fn left(&mut self, now: SystemTime) -> u64 {
+        self.roll(now);
+        self.limit.saturating_sub(self.used)
+    }
+
+    /// Takes one request if any are left today.
+    pub fn take(&mut self, now: SystemTime) -> bool {
+        self.roll(now);
+        if self.used < self.limit {
+            self.used += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Which methods an upstream serves: an allow-list (if any) and a deny-list, with `prefix_*`
+/// wildcards.
+#[derive(Debug, Clone, Default)]
+pub struct MethodFilter {
+    /// Only these, when not empty.
+    pub include: Vec<String>,
+    /// Never these.
+    pub exclude: Vec<String>,
+}
+
+fn matches(pattern: &str, method: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => method.starts_with(prefix),
+        None => pattern == method,
+    }
+}
+
+impl MethodFilter {
+    /// Whether `method` may go to this upstream.
+    pub fn allows(&self, method: &str) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|p| matches(p, method)))
+            && !self.exclude.iter().any(|p| matches(p, method))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_never_exceeds_its_budget() {
+        let t0 = Instant::now();
+        let mut limit = RateLimit::new(10.0, t0);
+        // Hammer it for 3 simulated seconds, one attempt per millisecond.
+        let taken = (0..3000).filter(|ms| limit.take(t0 + Duration::from_millis(*ms))).count();
+        assert!((30..=40).contains(&taken), "{taken}: 10/s for 3 s plus a 10-request burst");
+    }
+
+    #[test]
+    fn the_daily_quota_resets_at_utc_midnight() {
+        let day = UNIX_EPOCH + Duration::from_secs(20_000 * 86_400);
+        let mut quota = DailyQuota::new(3, day);
+        assert!(quota.take(day) && quota.take(day) && quota.take(day));
+        assert!(!quota.take(day + Duration::from_secs(86_399)));
+        assert_eq!(quota.left(day + Duration::from_secs(86_400)), 3);
+    }
+
+    #[test]
+    fn method_filters_with_wildcards() {
+        let filter = MethodFilter { include: vec![], exclude: vec!["debug_*".into(), "trace_block".into()] };
+        assert!(filter.allows("eth_call"));
+        assert!(!filter.allows("debug_traceTransaction"));
+        assert!(!filter.allows("trace_block"));
+        let only = MethodFilter { include: vec!["eth_*".into()], exclude: vec!["eth_sendRawTransaction".into()] };
+        assert!(only.allows("eth_getLogs") && !only.allows("net_version") && !only.allows("eth_sendRawTransaction"));
+    }
+}
