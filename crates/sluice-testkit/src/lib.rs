@@ -18,6 +18,8 @@ use serde_json::{json, Value};
 
 mod fake_upstream;
 pub use fake_upstream::{FakeUpstream, Fault};
+pub use tls_relay::TlsRelay;
+mod tls_relay;
 
 /// The workspace root (two levels above this crate).
 pub fn workspace_root() -> PathBuf {

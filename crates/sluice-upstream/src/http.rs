@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::CONTENT_TYPE;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use sluice_jsonrpc::{Request, ResponseEnvelope};
@@ -18,7 +19,7 @@ use crate::{Answer, UpstreamError, Upstreams};
 pub struct HttpUpstreamConfig {
     /// A short name for logs and metrics.
     pub name: String,
-    /// The node's `http://` URL.
+    /// The node's `http://` or `https://` URL.
     pub url: String,
     /// Deadline for one call, from sending to the last byte of the answer.
     pub timeout: Duration,
@@ -31,7 +32,7 @@ pub struct HttpUpstreamConfig {
 pub struct HttpUpstream {
     config: HttpUpstreamConfig,
     uri: hyper::Uri,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     next_id: AtomicU64,
 }
 
@@ -39,15 +40,18 @@ impl HttpUpstream {
     /// Builds a client; fails if the URL is not an `http://` URL.
     pub fn new(config: HttpUpstreamConfig) -> Result<Self, String> {
         let uri: hyper::Uri = config.url.parse().map_err(|e| format!("bad upstream URL {:?}: {e}", config.url))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(format!(
-                "upstream URL {:?}: only http:// is supported for calls (https is not built in yet)",
-                config.url
-            ));
+        if !matches!(uri.scheme_str(), Some("http") | Some("https")) {
+            return Err(format!("upstream URL {:?}: use http:// or https://", config.url));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.timeout.min(Duration::from_secs(5))));
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(config.timeout.min(Duration::from_secs(5))));
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config((*crate::tls::client_config()).clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)

@@ -13,6 +13,7 @@ mod heads;
 mod http;
 pub mod pool;
 mod socket;
+pub mod tls;
 
 use async_trait::async_trait;
 use sluice_jsonrpc::{Outcome, Request};

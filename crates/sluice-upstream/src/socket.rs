@@ -42,9 +42,11 @@ pub struct UpstreamSocket {
 const NOTIFICATION_BUFFER: usize = 1024;
 
 impl UpstreamSocket {
-    /// Connects to a `ws://` URL. Returns the handle and the stream of notifications.
+    /// Connects to a `ws://` or `wss://` URL. Returns the handle and the stream of notifications.
     pub async fn connect(url: &str, timeout: Duration) -> Result<(Self, mpsc::Receiver<Notification>), UpstreamError> {
-        let (socket, _) = tokio::time::timeout(timeout, tokio_tungstenite::connect_async(url))
+        let connector = tokio_tungstenite::Connector::Rustls(crate::tls::client_config());
+        let connect = tokio_tungstenite::connect_async_tls_with_config(url, None, true, Some(connector));
+        let (socket, _) = tokio::time::timeout(timeout, connect)
             .await
             .map_err(|_| UpstreamError::Timeout(timeout))?
             .map_err(|e| {

@@ -206,6 +206,9 @@ pub struct UpstreamConfig {
     /// Relative share among upstreams of one tier.
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// Extra CA certificates (PEM) to trust for this upstream's TLS, e.g. a private CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Calls in flight to this upstream at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<usize>,
@@ -297,6 +300,7 @@ impl UpstreamConfig {
             max_response_bytes: default_max_response_bytes(),
             tier: 0,
             weight: 1,
+            ca_file: None,
             max_concurrency: None,
             rate: None,
             daily_quota: None,
@@ -317,17 +321,16 @@ impl UpstreamConfig {
         };
         let (http, ws) = match url.scheme() {
             "http" => (self.url.clone(), swap("ws")?),
+            "https" => (self.url.clone(), swap("wss")?),
             "ws" => (swap("http")?, self.url.clone()),
-            "https" | "wss" => {
-                return Err(format!("{:?}: TLS upstreams are not supported yet; use http:// or ws://", self.url))
-            }
-            other => return Err(format!("{:?}: unsupported scheme {other:?}; use http:// or ws://", self.url)),
+            "wss" => (swap("https")?, self.url.clone()),
+            other => return Err(format!("{:?}: unsupported scheme {other:?}; use http(s):// or ws(s)://", self.url)),
         };
         let ws = match &self.ws_url {
             Some(ws_url) => {
                 let parsed = url::Url::parse(ws_url).map_err(|e| format!("ws_url {ws_url:?}: {e}"))?;
-                if parsed.scheme() != "ws" {
-                    return Err(format!("ws_url {ws_url:?}: must be a ws:// URL"));
+                if !matches!(parsed.scheme(), "ws" | "wss") {
+                    return Err(format!("ws_url {ws_url:?}: must be a ws:// or wss:// URL"));
                 }
                 ws_url.clone()
             }
@@ -427,6 +430,9 @@ impl Config {
                 upstream.max_concurrency != Some(0),
                 "upstreams[{i}].max_concurrency: must be more than zero"
             );
+            if let Some(ca) = &upstream.ca_file {
+                anyhow::ensure!(ca.is_file(), "upstreams[{i}].ca_file: {} not found", ca.display());
+            }
         }
         let c = &self.cache;
         anyhow::ensure!(c.memory_bytes > 0, "cache.memory_bytes: must be more than zero");
@@ -486,6 +492,8 @@ mod tests {
         assert!(zero.to_string().contains("limits.max_batch_len"), "{zero}");
         let scheme = validate_file(file("[[upstreams]]\nurl = \"ftp://a:1\"").path()).unwrap_err();
         assert!(scheme.to_string().contains("upstreams[0].url"), "{scheme}");
+        let tls = UpstreamConfig::from_url("https://node.example:8545/key").endpoints().unwrap();
+        assert_eq!(tls.1, "wss://node.example:8545/key");
         let none = validate_file(file("").path()).unwrap_err();
         assert!(none.to_string().contains("no upstream"), "{none}");
     }

@@ -56,6 +56,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 
 /// One HTTP client per configured upstream, with its name.
 fn clients(config: &Config) -> anyhow::Result<(Vec<HttpUpstream>, Vec<String>)> {
+    // Trust anchors first: the TLS configuration is built once, by the first client.
+    for ca in config.upstreams.iter().filter_map(|u| u.ca_file.as_deref()) {
+        let n = sluice_upstream::tls::trust_ca_file(ca).map_err(anyhow::Error::msg)?;
+        tracing::info!(file = %ca.display(), certificates = n, "trusting extra CA certificates");
+    }
     let mut clients = Vec::new();
     let mut names = Vec::new();
     for (i, upstream) in config.upstreams.iter().enumerate() {
