@@ -76,6 +76,7 @@ impl CacheLayer {
     async fn cached(&self, req: &Request, plan: Cacheable) -> Result<Answer, UpstreamError> {
         if let Some(entry) = self.shared.memory.get(&plan.key) {
             metrics::counter!("sluice_cache_hits_total", "tier" => "memory").increment(1);
+            metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
             return Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory });
         }
         let (shared, request, key) = (self.shared.clone(), req.clone(), plan.key.clone());
@@ -85,6 +86,7 @@ impl CacheLayer {
         };
         if !leader {
             metrics::counter!("sluice_cache_coalesced_total").increment(1);
+            metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
         }
         match fetched {
             Some(Ok(Fetched { outcome, source })) => {
@@ -102,6 +104,7 @@ async fn fetch(shared: Arc<Shared>, req: Request, plan: Cacheable) -> Result<Fet
     if let (Some(redis), Some(chain_id)) = (&shared.redis, chain_id) {
         if let Some((result, max_block)) = redis.get(chain_id, &plan.key).await {
             metrics::counter!("sluice_cache_hits_total", "tier" => "redis").increment(1);
+            metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
             shared.memory.insert(plan.key, Entry { result: result.clone(), max_block });
             return Ok(Fetched { outcome: Outcome::Result(result), source: Source::Redis });
         }

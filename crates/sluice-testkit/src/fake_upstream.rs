@@ -15,6 +15,8 @@ pub enum Fault {
     Hang,
     /// Answers with this HTTP status and body.
     Garbage(u16, &'static str),
+    /// Promises a longer body than it sends, then closes the connection.
+    Truncated,
     /// Answers `{"result":"0x1"}` with the request's id, after a delay.
     Slow(Duration),
     /// Answers `{"result":"0x1"}` at once, except that requests arriving between `at` and
@@ -99,6 +101,12 @@ async fn answer(
         (200, serde_json::json!({"jsonrpc": "2.0", "id": id, "result": "0x1"}).to_string())
     };
     let (status, payload) = match fault {
+        Fault::Truncated => {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n";
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(br#"{"jsonrpc":"2.0","id":1,"res"#).await?;
+            return stream.shutdown().await;
+        }
         Fault::Stall { at, stall } => {
             let now = started.elapsed();
             if now >= at && now < at + stall {

@@ -40,6 +40,9 @@ pub struct ReportArgs {
     /// Path to anvil (default: the project's .tools folder, then PATH).
     #[arg(long)]
     pub anvil: Option<PathBuf>,
+    /// Filled in by the report: the anvil version it ran against.
+    #[arg(skip)]
+    pub anvil_version: String,
 }
 
 const DEV: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
@@ -104,8 +107,10 @@ async fn pair(case: String, sluice: &str, direct: &str, model: Model, cell: Dura
 }
 
 /// Runs `sluice bench report`.
-pub async fn run_report(args: ReportArgs) -> anyhow::Result<()> {
+pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
     let anvil_path = dev::find_anvil(args.anvil.as_deref())?;
+    let version = Command::new(&anvil_path).arg("--version").output().await?;
+    args.anvil_version = String::from_utf8_lossy(&version.stdout).lines().next().unwrap_or("unknown").trim().to_owned();
     let port = dev::free_port()?;
     let _anvil = dev::start_anvil(&anvil_path, port, None).await?;
     let anvil = format!("http://127.0.0.1:{port}");
@@ -226,7 +231,7 @@ async fn write(args: &ReportArgs, sections: &[Section], ramp: Row, mix_text: &st
          not the absolute numbers. The rate models measure latency from each request's scheduled send time, \
          so stalls are not hidden. \"generator saturated\" flags rows where the generator itself was the limit.\n\n",
     );
-    md.push_str(&machine());
+    md.push_str(&machine(&args.anvil_version));
     for s in &sections[..2] {
         md.push_str(&section_markdown(s));
     }
@@ -253,7 +258,7 @@ async fn write(args: &ReportArgs, sections: &[Section], ramp: Row, mix_text: &st
     Ok(())
 }
 
-fn machine() -> String {
+fn machine(anvil: &str) -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {
@@ -268,7 +273,7 @@ fn machine() -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     format!(
-        "| machine | |\n|---|---|\n| CPU | {cpu} |\n| cores | {cores} |\n| memory | {memory} |\n| kernel | {} |\n| sluice | {} |\n\n",
+        "| machine | |\n|---|---|\n| CPU | {cpu} |\n| cores | {cores} |\n| memory | {memory} |\n| kernel | {} |\n| sluice | {} |\n| anvil | {anvil} |\n\n",
         kernel.trim(),
         env!("CARGO_PKG_VERSION")
     )

@@ -148,6 +148,7 @@ async fn garbage_from_upstream_is_a_clear_error() {
         (Fault::Garbage(200, "<html>hello</html>"), "invalid_response"),
         (Fault::Garbage(502, "bad gateway"), "http_status"),
         (Fault::Garbage(200, r#"{"jsonrpc":"2.0","id":999999,"result":"0x1"}"#), "invalid_response"),
+        (Fault::Truncated, "unreachable"),
     ] {
         let fake = FakeUpstream::spawn(fault).await;
         let sluice = Sluice::serve(BIN, &fake.url, &["--log", "error"]);

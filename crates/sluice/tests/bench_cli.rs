@@ -75,6 +75,7 @@ fn the_report_writes_tables_and_plots() {
         assert!(md.contains(heading), "missing {heading}");
     }
     assert!(md.contains("| cached eth_getBlockByNumber(0x10), c=2 |"));
+    assert!(md.contains("| anvil | anvil Version: "), "the report names the anvil it measured");
     for plot in ["latency.svg", "ramp.svg"] {
         let svg = std::fs::read_to_string(dir.path().join("bench").join(plot)).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("</svg>"), "{plot}");
