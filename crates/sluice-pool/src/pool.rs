@@ -1,0 +1,545 @@
+//! The pool itself.
+//!
+//! Per sender, transactions are kept by nonce. Which are *pending* (executable now) is derived:
+//! the run of consecutive nonces from the account's nonce, stopping at the first gap or at a
+//! transaction whose fee cap is below the current base fee (held until the base fee allows).
+//! The rest are *queued*. Rules follow geth's defaults:
+//! * a transaction replacing one of the same sender and nonce must raise both fee fields by
+//!   `price_bump_percent`;
+//! * the sender's balance must cover every pooled transaction up to and including this one;
+//! * per-sender and global limits; when full, the lowest-paying transactions leave first,
+//!   queued before pending, a sender's highest nonce first (never its lower ones), priority
+//!   senders never. A newcomer that pays less than everything it could displace is refused.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use alloy_primitives::{Address, B256, U256};
+
+/// One transaction, as the pool needs it (decoded and with its sender recovered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolTx {
+    /// Transaction hash.
+    pub hash: B256,
+    /// Recovered sender.
+    pub sender: Address,
+    /// Nonce.
+    pub nonce: u64,
+    /// Fee cap per gas (gas price for legacy transactions).
+    pub max_fee: u128,
+    /// Tip cap per gas (gas price for legacy transactions).
+    pub max_priority_fee: u128,
+    /// Gas limit.
+    pub gas_limit: u64,
+    /// Value transferred.
+    pub value: U256,
+    /// When it arrived (for the queued lifetime).
+    pub arrived: Instant,
+}
+
+impl PoolTx {
+    /// The most it can cost its sender: value + gas limit × fee cap.
+    pub fn cost(&self) -> U256 {
+        self.value + U256::from(self.gas_limit) * U256::from(self.max_fee)
+    }
+
+    /// What a block producer earns per gas at `base_fee` (0 when it cannot be included).
+    pub fn effective_tip(&self, base_fee: u128) -> u128 {
+        self.max_fee.saturating_sub(base_fee).min(self.max_priority_fee)
+    }
+}
+
+/// Pool rules; defaults are geth's.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Executable transactions guaranteed per sender.
+    pub account_slots: usize,
+    /// Queued (gapped) transactions allowed per sender.
+    pub account_queue: usize,
+    /// Executable transactions in all.
+    pub global_slots: usize,
+    /// Queued transactions in all.
+    pub global_queue: usize,
+    /// How long a queued transaction may wait for its gap to fill.
+    pub lifetime: Duration,
+    /// Fee increase a replacement needs, in percent, on both fee fields.
+    pub price_bump_percent: u128,
+    /// Smallest tip accepted.
+    pub min_tip: u128,
+    /// Senders whose transactions are never evicted.
+    pub priority_senders: HashSet<Address>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            account_slots: 16,
+            account_queue: 64,
+            global_slots: 5120,
+            global_queue: 1024,
+            lifetime: Duration::from_secs(3 * 3600),
+            price_bump_percent: 10,
+            min_tip: 0,
+            priority_senders: HashSet::new(),
+        }
+    }
+}
+
+/// Why a transaction was refused; messages use geth's wording, which clients match on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InsertError {
+    /// The same hash is pooled.
+    #[error("already known")]
+    AlreadyKnown,
+    /// Nonce below the account's.
+    #[error("nonce too low: next nonce {next}, tx nonce {got}")]
+    NonceTooLow {
+        /// The account's next nonce.
+        next: u64,
+        /// The transaction's.
+        got: u64,
+    },
+    /// A replacement that does not raise both fees enough.
+    #[error("replacement transaction underpriced")]
+    ReplacementUnderpriced,
+    /// Tip below the minimum, or too cheap to enter a full pool.
+    #[error("transaction underpriced")]
+    Underpriced,
+    /// Tip above fee cap.
+    #[error("max priority fee per gas higher than max fee per gas")]
+    TipAboveFeeCap,
+    /// The sender cannot pay for its pooled transactions plus this one.
+    #[error("insufficient funds for gas * price + value: balance {balance}, cost {cost}")]
+    InsufficientFunds {
+        /// The account's balance.
+        balance: U256,
+        /// The cumulative cost.
+        cost: U256,
+    },
+    /// The sender already has too many gapped transactions.
+    #[error("account queue full: {0} queued transactions")]
+    AccountQueueFull(usize),
+}
+
+/// Where an accepted transaction went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inserted {
+    /// Executable now (else queued).
+    pub pending: bool,
+    /// The transaction it replaced.
+    pub replaced: Option<B256>,
+    /// Transactions evicted to make room.
+    pub evicted: Vec<B256>,
+}
+
+/// Counts, as `txpool_status` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Status {
+    /// Executable transactions.
+    pub pending: usize,
+    /// Gapped or held transactions.
+    pub queued: usize,
+}
+
+#[derive(Debug, Default)]
+struct Sender {
+    txs: BTreeMap<u64, Arc<PoolTx>>,
+    nonce: u64,
+    balance: U256,
+}
+
+impl Sender {
+    /// How many of its transactions are executable at `base_fee`: the run of consecutive
+    /// nonces from the account's, up to the first one whose fee cap is below the base fee.
+    fn pending_len(&self, base_fee: u128) -> usize {
+        (self.nonce..)
+            .zip(self.txs.range(self.nonce..))
+            .take_while(|(expected, (nonce, tx))| *nonce == expected && tx.max_fee >= base_fee)
+            .count()
+    }
+}
+
+/// The pool.
+#[derive(Debug, Default)]
+pub struct Pool {
+    config: Config,
+    senders: HashMap<Address, Sender>,
+    by_hash: HashMap<B256, Arc<PoolTx>>,
+    base_fee: u128,
+}
+
+impl Pool {
+    /// An empty pool.
+    pub fn new(config: Config) -> Self {
+        Self { config, ..Self::default() }
+    }
+
+    /// Sets the base fee of the next block; held transactions may become pending.
+    pub fn set_base_fee(&mut self, base_fee: u128) {
+        self.base_fee = base_fee;
+    }
+
+    /// A pooled transaction by hash.
+    pub fn get(&self, hash: &B256) -> Option<Arc<PoolTx>> {
+        self.by_hash.get(hash).cloned()
+    }
+
+    /// The next nonce for `sender` counting its pending transactions (`eth_getTransactionCount(pending)`).
+    pub fn pending_nonce(&self, sender: &Address) -> Option<u64> {
+        let s = self.senders.get(sender)?;
+        Some(s.nonce + s.pending_len(self.base_fee) as u64)
+    }
+
+    /// Pending and queued counts.
+    pub fn status(&self) -> Status {
+        let mut status = Status::default();
+        for s in self.senders.values() {
+            let pending = s.pending_len(self.base_fee);
+            status.pending += pending;
+            status.queued += s.txs.len() - pending;
+        }
+        status
+    }
+
+    /// A sender's transactions split into (pending, queued), by nonce.
+    pub fn content_of(&self, sender: &Address) -> (Vec<Arc<PoolTx>>, Vec<Arc<PoolTx>>) {
+        let Some(s) = self.senders.get(sender) else { return (Vec::new(), Vec::new()) };
+        let pending = s.pending_len(self.base_fee);
+        let all: Vec<Arc<PoolTx>> = s.txs.values().cloned().collect();
+        let (p, q) = all.split_at(pending);
+        (p.to_vec(), q.to_vec())
+    }
+
+    /// Inserts a transaction, given its sender's account nonce and balance at the head.
+    pub fn insert(&mut self, tx: PoolTx, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
+        if self.by_hash.contains_key(&tx.hash) {
+            return Err(InsertError::AlreadyKnown);
+        }
+        if tx.max_priority_fee > tx.max_fee {
+            return Err(InsertError::TipAboveFeeCap);
+        }
+        if tx.max_priority_fee < self.config.min_tip {
+            return Err(InsertError::Underpriced);
+        }
+        if tx.nonce < nonce {
+            return Err(InsertError::NonceTooLow { next: nonce, got: tx.nonce });
+        }
+        // The head says these nonces are used: whatever the pool still holds below is mined.
+        self.advance(&tx.sender, nonce);
+        let base_fee = self.base_fee;
+        let bump = self.config.price_bump_percent;
+        let sender = self.senders.entry(tx.sender).or_default();
+        sender.nonce = sender.nonce.max(nonce);
+        sender.balance = balance;
+        let replaced = match sender.txs.get(&tx.nonce) {
+            Some(old) => {
+                let enough = |new: u128, old: u128| new.saturating_mul(100) >= old.saturating_mul(100 + bump);
+                if !enough(tx.max_fee, old.max_fee) || !enough(tx.max_priority_fee, old.max_priority_fee) {
+                    return Err(InsertError::ReplacementUnderpriced);
+                }
+                Some(old.hash)
+            }
+            None => None,
+        };
+        // Cumulative balance: every pooled tx of this sender up to this nonce, plus this one.
+        let cost: U256 = sender.txs.range(..tx.nonce).map(|(_, t)| t.cost()).fold(tx.cost(), |a, b| a + b);
+        if cost > balance {
+            return Err(InsertError::InsufficientFunds { balance, cost });
+        }
+        let queued_before = sender.txs.len() - sender.pending_len(base_fee);
+        let tx = Arc::new(tx);
+        let previous = sender.txs.insert(tx.nonce, tx.clone());
+        let pending_now = sender.pending_len(base_fee);
+        let is_pending = tx.nonce < sender.nonce + pending_now as u64;
+        let queued_now = sender.txs.len() - pending_now;
+        if !is_pending && queued_now > self.config.account_queue && queued_now > queued_before {
+            // Undo: this sender has too many gapped transactions.
+            match previous {
+                Some(prev) => sender.txs.insert(prev.nonce, prev),
+                None => sender.txs.remove(&tx.nonce),
+            };
+            return Err(InsertError::AccountQueueFull(queued_before));
+        }
+        if let Some(old) = replaced {
+            self.by_hash.remove(&old);
+        }
+        self.by_hash.insert(tx.hash, tx.clone());
+        let evicted = match self.make_room(&tx) {
+            Ok(evicted) => evicted,
+            Err(e) => {
+                self.remove(&tx.hash);
+                if let Some(prev) = previous {
+                    self.by_hash.insert(prev.hash, prev.clone());
+                    self.senders.entry(prev.sender).or_default().txs.insert(prev.nonce, prev);
+                }
+                return Err(e);
+            }
+        };
+        Ok(Inserted { pending: is_pending, replaced, evicted })
+    }
+
+    /// Evicts the cheapest transactions while the pool is over its limits. Queued go before
+    /// pending, a sender's highest nonce first, priority senders never. Refuses the newcomer
+    /// if it would be the one to go, or if it is queued and only pending ones could make room.
+    fn make_room(&mut self, newcomer: &PoolTx) -> Result<Vec<B256>, InsertError> {
+        let mut evicted = Vec::new();
+        loop {
+            let status = self.status();
+            let over_queue = status.queued > self.config.global_queue;
+            let over_slots = status.pending > self.config.global_slots;
+            if !over_queue && !over_slots {
+                return Ok(evicted);
+            }
+            // Candidates: per sender, its highest pending nonce when pending slots are over the
+            // limit, else its highest queued one; never a lower nonce before a higher one.
+            let mut best: Option<(u128, Arc<PoolTx>)> = None;
+            for (address, s) in &self.senders {
+                if self.config.priority_senders.contains(address) {
+                    continue;
+                }
+                let pending = s.pending_len(self.base_fee);
+                let candidate = if over_slots && pending > 0 {
+                    s.txs.values().nth(pending - 1)
+                } else if !over_slots && s.txs.len() > pending {
+                    s.txs.values().last()
+                } else {
+                    None
+                };
+                let Some(candidate) = candidate else { continue };
+                let tip = candidate.effective_tip(self.base_fee);
+                if best.as_ref().is_none_or(|(t, _)| tip < *t) {
+                    best = Some((tip, candidate.clone()));
+                }
+            }
+            let Some((_, victim)) = best else {
+                return Err(InsertError::Underpriced);
+            };
+            if victim.hash == newcomer.hash {
+                return Err(InsertError::Underpriced);
+            }
+            self.remove(&victim.hash);
+            evicted.push(victim.hash);
+        }
+    }
+
+    /// Removes one transaction (dropped, evicted or rejected later by the node).
+    pub fn remove(&mut self, hash: &B256) -> Option<Arc<PoolTx>> {
+        let tx = self.by_hash.remove(hash)?;
+        if let Some(s) = self.senders.get_mut(&tx.sender) {
+            if s.txs.get(&tx.nonce).is_some_and(|t| t.hash == *hash) {
+                s.txs.remove(&tx.nonce);
+            }
+            if s.txs.is_empty() {
+                self.senders.remove(&tx.sender);
+            }
+        }
+        Some(tx)
+    }
+
+    /// A new head moved `sender`'s nonce to `nonce`: its transactions below it were mined (or
+    /// replaced on chain) and leave. Returns their hashes.
+    pub fn advance(&mut self, sender: &Address, nonce: u64) -> Vec<B256> {
+        let Some(s) = self.senders.get_mut(sender) else { return Vec::new() };
+        s.nonce = s.nonce.max(nonce);
+        let keep = s.txs.split_off(&nonce);
+        let gone: Vec<B256> = std::mem::replace(&mut s.txs, keep).into_values().map(|t| t.hash).collect();
+        if s.txs.is_empty() {
+            self.senders.remove(sender);
+        }
+        for hash in &gone {
+            self.by_hash.remove(hash);
+        }
+        gone
+    }
+
+    /// Drops queued transactions older than the lifetime. Returns their hashes.
+    pub fn expire(&mut self, now: Instant) -> Vec<B256> {
+        let base_fee = self.base_fee;
+        let lifetime = self.config.lifetime;
+        let mut gone = Vec::new();
+        for s in self.senders.values() {
+            let pending = s.pending_len(base_fee);
+            gone.extend(
+                s.txs
+                    .values()
+                    .skip(pending)
+                    .filter(|t| now.saturating_duration_since(t.arrived) > lifetime)
+                    .map(|t| t.hash),
+            );
+        }
+        for hash in &gone {
+            self.remove(hash);
+        }
+        gone
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GWEI: u128 = 1_000_000_000;
+
+    fn addr(n: u8) -> Address {
+        Address::repeat_byte(n)
+    }
+
+    fn tx(sender: u8, nonce: u64, fee_gwei: u128) -> PoolTx {
+        tip_tx(sender, nonce, fee_gwei, fee_gwei)
+    }
+
+    fn tip_tx(sender: u8, nonce: u64, fee_gwei: u128, tip_gwei: u128) -> PoolTx {
+        let mut hash = [0u8; 32];
+        hash[0] = sender;
+        hash[1..9].copy_from_slice(&nonce.to_be_bytes());
+        hash[9..25].copy_from_slice(&(fee_gwei * 1000 + tip_gwei).to_be_bytes());
+        PoolTx {
+            hash: B256::from(hash),
+            sender: addr(sender),
+            nonce,
+            max_fee: fee_gwei * GWEI,
+            max_priority_fee: tip_gwei * GWEI,
+            gas_limit: 21_000,
+            value: U256::ZERO,
+            arrived: Instant::now(),
+        }
+    }
+
+    fn rich() -> U256 {
+        U256::from(10u128.pow(24))
+    }
+
+    fn pool() -> Pool {
+        Pool::new(Config::default())
+    }
+
+    #[test]
+    fn a_gap_fill_promotes_the_queued_nonces() {
+        let mut p = pool();
+        assert!(!p.insert(tx(1, 1, 10), 0, rich()).unwrap().pending);
+        assert_eq!(p.status(), Status { pending: 0, queued: 1 });
+        assert!(p.insert(tx(1, 0, 10), 0, rich()).unwrap().pending);
+        assert_eq!(p.status(), Status { pending: 2, queued: 0 });
+        assert_eq!(p.pending_nonce(&addr(1)), Some(2));
+    }
+
+    #[test]
+    fn reverse_order_fill_ends_all_pending() {
+        let mut p = pool();
+        for nonce in (0..5).rev() {
+            p.insert(tx(1, nonce, 10), 0, rich()).unwrap();
+        }
+        assert_eq!(p.status(), Status { pending: 5, queued: 0 });
+        let (pending, queued) = p.content_of(&addr(1));
+        assert_eq!(pending.iter().map(|t| t.nonce).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+        assert!(queued.is_empty());
+    }
+
+    #[test]
+    fn replacement_needs_the_bump_on_both_fees() {
+        let mut p = pool();
+        p.insert(tip_tx(1, 0, 100, 10), 0, rich()).unwrap();
+        assert_eq!(p.insert(tip_tx(1, 0, 109, 11), 0, rich()), Err(InsertError::ReplacementUnderpriced));
+        assert_eq!(
+            p.insert(tip_tx(1, 0, 110, 10), 0, rich()),
+            Err(InsertError::ReplacementUnderpriced),
+            "tip not bumped"
+        );
+        let old = tip_tx(1, 0, 100, 10).hash;
+        let done = p.insert(tip_tx(1, 0, 110, 11), 0, rich()).unwrap();
+        assert_eq!(done.replaced, Some(old));
+        assert!(p.get(&old).is_none());
+        assert_eq!(p.status().pending, 1);
+    }
+
+    #[test]
+    fn refusals_use_geth_wordings() {
+        let mut p = pool();
+        p.insert(tx(1, 5, 10), 5, rich()).unwrap();
+        assert_eq!(p.insert(tx(1, 5, 10), 5, rich()).unwrap_err().to_string(), "already known");
+        assert!(p.insert(tx(1, 4, 10), 5, rich()).unwrap_err().to_string().starts_with("nonce too low"));
+        assert_eq!(p.insert(tip_tx(2, 0, 1, 2), 0, rich()), Err(InsertError::TipAboveFeeCap));
+        let mut strict = Pool::new(Config { min_tip: 2 * GWEI, ..Config::default() });
+        assert_eq!(strict.insert(tip_tx(1, 0, 10, 1), 0, rich()).unwrap_err().to_string(), "transaction underpriced");
+    }
+
+    #[test]
+    fn the_balance_must_cover_every_pooled_transaction() {
+        let mut p = pool();
+        let one = tx(1, 0, 10).cost();
+        p.insert(tx(1, 0, 10), 0, one + one / U256::from(2)).unwrap();
+        let err = p.insert(tx(1, 1, 10), 0, one + one / U256::from(2)).unwrap_err();
+        assert!(err.to_string().starts_with("insufficient funds for gas * price + value"), "{err}");
+        p.insert(tx(1, 1, 10), 0, one * U256::from(2)).unwrap();
+    }
+
+    #[test]
+    fn a_sender_may_queue_only_so_many_gapped_transactions() {
+        let mut p = Pool::new(Config { account_queue: 2, ..Config::default() });
+        p.insert(tx(1, 10, 10), 0, rich()).unwrap();
+        p.insert(tx(1, 11, 10), 0, rich()).unwrap();
+        assert_eq!(p.insert(tx(1, 12, 10), 0, rich()), Err(InsertError::AccountQueueFull(2)));
+        assert_eq!(p.status(), Status { pending: 0, queued: 2 });
+    }
+
+    #[test]
+    fn a_fee_cap_below_the_base_fee_is_held_until_it_allows() {
+        let mut p = pool();
+        p.set_base_fee(20 * GWEI);
+        assert!(!p.insert(tx(1, 0, 10), 0, rich()).unwrap().pending);
+        p.insert(tx(1, 1, 30), 0, rich()).unwrap();
+        assert_eq!(p.status(), Status { pending: 0, queued: 2 }, "nonce 1 waits behind the held nonce 0");
+        p.set_base_fee(5 * GWEI);
+        assert_eq!(p.status(), Status { pending: 2, queued: 0 });
+    }
+
+    #[test]
+    fn when_full_the_cheapest_leave_queued_first_highest_nonce_first() {
+        let mut p = Pool::new(Config { global_slots: 3, global_queue: 1, ..Config::default() });
+        p.insert(tx(1, 0, 50), 0, rich()).unwrap();
+        p.insert(tx(1, 1, 5), 0, rich()).unwrap(); // cheap, but sender 1's nonce 0 must not be evicted before it
+        p.insert(tx(2, 0, 20), 0, rich()).unwrap();
+        p.insert(tx(3, 7, 100), 0, rich()).unwrap(); // queued (gap)
+                                                     // A queued newcomer cannot push out executable transactions: the queue is full of a
+                                                     // pricier one, so the cheaper newcomer is refused.
+        assert_eq!(p.insert(tx(4, 9, 50), 0, rich()), Err(InsertError::Underpriced));
+        // A pending newcomer paying more than the cheapest pending evicts sender 1's *highest* nonce.
+        let done = p.insert(tx(5, 0, 30), 0, rich()).unwrap();
+        assert_eq!(done.evicted, vec![tx(1, 1, 5).hash]);
+        assert!(p.get(&tx(1, 0, 50).hash).is_some());
+        // A pending newcomer cheaper than everything is refused.
+        assert_eq!(p.insert(tx(6, 0, 1), 0, rich()), Err(InsertError::Underpriced));
+    }
+
+    #[test]
+    fn priority_senders_are_never_evicted() {
+        let config = Config { global_slots: 1, priority_senders: [addr(1)].into_iter().collect(), ..Config::default() };
+        let mut p = Pool::new(config);
+        p.insert(tx(1, 0, 1), 0, rich()).unwrap();
+        assert_eq!(p.insert(tx(2, 0, 100), 0, rich()), Err(InsertError::Underpriced));
+        assert!(p.get(&tx(1, 0, 1).hash).is_some());
+    }
+
+    #[test]
+    fn mined_transactions_leave_and_the_next_nonce_is_promoted() {
+        let mut p = pool();
+        p.insert(tx(1, 0, 10), 0, rich()).unwrap();
+        p.insert(tx(1, 2, 10), 0, rich()).unwrap();
+        assert_eq!(p.status(), Status { pending: 1, queued: 1 });
+        // Nonces 0 and 1 were mined (1 came from elsewhere): 2 becomes pending.
+        assert_eq!(p.advance(&addr(1), 2), vec![tx(1, 0, 10).hash]);
+        assert_eq!(p.status(), Status { pending: 1, queued: 0 });
+        assert_eq!(p.pending_nonce(&addr(1)), Some(3));
+    }
+
+    #[test]
+    fn queued_transactions_expire_after_their_lifetime() {
+        let mut p = Pool::new(Config { lifetime: Duration::from_secs(60), ..Config::default() });
+        p.insert(tx(1, 0, 10), 0, rich()).unwrap();
+        p.insert(tx(1, 5, 10), 0, rich()).unwrap();
+        assert!(p.expire(Instant::now() + Duration::from_secs(30)).is_empty());
+        assert_eq!(p.expire(Instant::now() + Duration::from_secs(61)), vec![tx(1, 5, 10).hash]);
+        assert_eq!(p.status(), Status { pending: 1, queued: 0 }, "pending transactions do not expire");
+    }
+}
