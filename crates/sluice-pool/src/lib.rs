@@ -5,6 +5,7 @@
 //! journal and the RPC methods wrap it (issue 5; not wired yet).
 
 pub mod decode;
+pub mod journal;
 mod pool;
 
 pub use decode::{decode, DecodeError, Rules};

@@ -1,0 +1,211 @@
+//! The pool's journal: every acknowledged transaction is appended before the answer, so a
+//! crash (even `kill -9`) loses none of them.
+//!
+//! Format: a sequence of records `[len: u32 BE][crc32 of payload: u32 BE][payload]`. The payload
+//! is the raw EIP-2718 transaction. Replay reads records until the end or the first incomplete
+//! or corrupt one (a write torn by a crash), truncates there, and returns the rest. Compaction
+//! rewrites the file with the transactions still pooled, via a temporary file and a rename.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// When appended records reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sync {
+    /// fsync after every append: an acknowledged transaction survives a power loss.
+    Always,
+    /// Left to the OS: survives a process crash (`kill -9`), not a power loss.
+    Os,
+}
+
+/// An open journal.
+pub struct Journal {
+    path: PathBuf,
+    file: BufWriter<File>,
+    sync: Sync,
+}
+
+/// Records larger than this are corrupt by definition (transactions are capped far below).
+const MAX_RECORD: u32 = 4 << 20;
+
+impl Journal {
+    /// Opens (creating if needed) the journal at `path`, replays it, and returns the journal
+    /// ready for appends together with the transactions it held.
+    pub fn open(path: &Path, sync: Sync) -> std::io::Result<(Journal, Vec<Vec<u8>>)> {
+        let (records, good_len) = match File::open(path) {
+            Ok(file) => read_records(file)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), 0),
+            Err(e) => return Err(e),
+        };
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        if file.metadata()?.len() != good_len {
+            // Drop a torn tail so new records follow the last good one.
+            file.set_len(good_len)?;
+        }
+        Ok((Journal { path: path.to_owned(), file: BufWriter::new(file), sync }, records))
+    }
+
+    /// Appends one transaction; returns once it is as durable as the sync policy says.
+    pub fn append(&mut self, raw: &[u8]) -> std::io::Result<()> {
+        self.append_many(std::iter::once(raw))
+    }
+
+    /// Appends several transactions with one flush (and one fsync): the batched writer's path.
+    pub fn append_many<'a>(&mut self, raws: impl IntoIterator<Item = &'a [u8]>) -> std::io::Result<()> {
+        for raw in raws {
+            let len = u32::try_from(raw.len()).map_err(|_| std::io::Error::other("record too large"))?;
+            self.file.write_all(&len.to_be_bytes())?;
+            self.file.write_all(&crc32(raw).to_be_bytes())?;
+            self.file.write_all(raw)?;
+        }
+        self.file.flush()?;
+        if self.sync == Sync::Always {
+            self.file.get_ref().sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the journal with just `live` (the transactions still pooled).
+    pub fn compact<'a>(&mut self, live: impl IntoIterator<Item = &'a [u8]>) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("compacting");
+        {
+            let mut out = BufWriter::new(File::create(&tmp)?);
+            for raw in live {
+                out.write_all(&(raw.len() as u32).to_be_bytes())?;
+                out.write_all(&crc32(raw).to_be_bytes())?;
+                out.write_all(raw)?;
+            }
+            out.flush()?;
+            out.get_ref().sync_all()?;
+        }
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            // Make the rename itself durable.
+            if let Ok(dir) = File::open(dir) {
+                let _ = dir.sync_all();
+            }
+        }
+        let file = OpenOptions::new().append(true).open(&self.path)?;
+        self.file = BufWriter::new(file);
+        Ok(())
+    }
+}
+
+/// Reads records up to the first torn or corrupt one; returns them and the length they span.
+fn read_records(file: File) -> std::io::Result<(Vec<Vec<u8>>, u64)> {
+    let mut reader = BufReader::new(file);
+    let mut records = Vec::new();
+    let mut good = 0u64;
+    loop {
+        let mut header = [0u8; 8];
+        if !read_full(&mut reader, &mut header)? {
+            break;
+        }
+        let len = u32::from_be_bytes(header[..4].try_into().expect("4 bytes"));
+        let crc = u32::from_be_bytes(header[4..].try_into().expect("4 bytes"));
+        if len > MAX_RECORD {
+            break;
+        }
+        let mut payload = vec![0u8; len as usize];
+        if !read_full(&mut reader, &mut payload)? || crc32(&payload) != crc {
+            break;
+        }
+        good += 8 + u64::from(len);
+        records.push(payload);
+    }
+    Ok((records, good))
+}
+
+/// Fills `buf`, or returns false at a clean or torn end of file.
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..])? {
+            0 => return Ok(false),
+            n => filled += n,
+        }
+    }
+    Ok(true)
+}
+
+/// CRC-32 (IEEE), bitwise: records are small and this keeps the crate free of another dependency.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = 0xffff_ffffu32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc_matches_the_standard_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
+    }
+
+    #[test]
+    fn appended_records_replay_after_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pool.journal");
+        let (mut journal, replayed) = Journal::open(&path, Sync::Always).unwrap();
+        assert!(replayed.is_empty());
+        journal.append(b"first").unwrap();
+        journal.append_many([&b"second"[..], &b"third"[..]]).unwrap();
+        drop(journal);
+        let (_, replayed) = Journal::open(&path, Sync::Os).unwrap();
+        assert_eq!(replayed, [b"first".to_vec(), b"second".to_vec(), b"third".to_vec()]);
+    }
+
+    #[test]
+    fn a_torn_tail_is_dropped_and_appends_continue_after_the_last_good_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pool.journal");
+        let (mut journal, _) = Journal::open(&path, Sync::Os).unwrap();
+        journal.append(b"kept").unwrap();
+        journal.append(b"torn by a crash").unwrap();
+        drop(journal);
+        let len = std::fs::metadata(&path).unwrap().len();
+        OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 3).unwrap();
+        let (mut journal, replayed) = Journal::open(&path, Sync::Os).unwrap();
+        assert_eq!(replayed, [b"kept".to_vec()]);
+        journal.append(b"after").unwrap();
+        drop(journal);
+        let (_, replayed) = Journal::open(&path, Sync::Os).unwrap();
+        assert_eq!(replayed, [b"kept".to_vec(), b"after".to_vec()]);
+    }
+
+    #[test]
+    fn a_corrupt_record_ends_the_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pool.journal");
+        let (mut journal, _) = Journal::open(&path, Sync::Os).unwrap();
+        journal.append_many([&b"one"[..], &b"two"[..]]).unwrap();
+        drop(journal);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff; // flip a bit in "two"
+        std::fs::write(&path, bytes).unwrap();
+        let (_, replayed) = Journal::open(&path, Sync::Os).unwrap();
+        assert_eq!(replayed, [b"one".to_vec()]);
+    }
+
+    #[test]
+    fn compaction_keeps_only_the_live_transactions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pool.journal");
+        let (mut journal, _) = Journal::open(&path, Sync::Os).unwrap();
+        journal.append_many([&b"mined"[..], &b"pending"[..], &b"dropped"[..]]).unwrap();
+        journal.compact([&b"pending"[..]]).unwrap();
+        journal.append(b"new").unwrap();
+        drop(journal);
+        let (_, replayed) = Journal::open(&path, Sync::Os).unwrap();
+        assert_eq!(replayed, [b"pending".to_vec(), b"new".to_vec()]);
+    }
+}
