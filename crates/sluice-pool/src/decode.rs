@@ -72,6 +72,23 @@ pub enum DecodeError {
     TipAboveFeeCap,
 }
 
+impl DecodeError {
+    /// A short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            DecodeError::Oversized => "oversized",
+            DecodeError::Malformed(_) => "malformed",
+            DecodeError::BlobsNotSupported => "blob",
+            DecodeError::Unprotected => "unprotected",
+            DecodeError::WrongChain { .. } => "wrong_chain",
+            DecodeError::InvalidSignature => "invalid_signature",
+            DecodeError::IntrinsicGasTooLow { .. } => "intrinsic_gas_too_low",
+            DecodeError::ExceedsBlockGasLimit => "exceeds_block_gas_limit",
+            DecodeError::TipAboveFeeCap => "tip_above_fee_cap",
+        }
+    }
+}
+
 /// secp256k1's group order n, halved: signatures with s above it are malleable (EIP-2).
 const HALF_N: U256 = U256::from_limbs([0xdfe92f46681b20a0, 0x5d576e7357a4501d, 0xffffffffffffffff, 0x7fffffffffffffff]);
 

@@ -24,6 +24,9 @@ pub struct Journal {
     path: PathBuf,
     file: BufWriter<File>,
     sync: Sync,
+    /// `<path>.lock`, locked while the journal is open: two processes appending to one
+    /// journal would corrupt it, so the second one is refused at start.
+    _lock: File,
 }
 
 /// Records larger than this are corrupt by definition (transactions are capped far below).
@@ -33,6 +36,8 @@ impl Journal {
     /// Opens (creating if needed) the journal at `path`, replays it, and returns the journal
     /// ready for appends together with the transactions it held.
     pub fn open(path: &Path, sync: Sync) -> std::io::Result<(Journal, Vec<Vec<u8>>)> {
+        let lock = OpenOptions::new().create(true).truncate(false).write(true).open(path.with_extension("lock"))?;
+        lock.try_lock().map_err(|_| std::io::Error::other("the journal is in use by another process"))?;
         let (records, good_len) = match File::open(path) {
             Ok(file) => read_records(file)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), 0),
@@ -43,7 +48,7 @@ impl Journal {
             // Drop a torn tail so new records follow the last good one.
             file.set_len(good_len)?;
         }
-        Ok((Journal { path: path.to_owned(), file: BufWriter::new(file), sync }, records))
+        Ok((Journal { path: path.to_owned(), file: BufWriter::new(file), sync, _lock: lock }, records))
     }
 
     /// Appends one transaction; returns once it is as durable as the sync policy says.
@@ -194,6 +199,17 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         let (_, replayed) = Journal::open(&path, Sync::Os).unwrap();
         assert_eq!(replayed, [b"one".to_vec()]);
+    }
+
+    #[test]
+    fn a_second_opener_is_refused_while_the_first_holds_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mempool.journal");
+        let (first, _) = Journal::open(&path, Sync::Os).unwrap();
+        let err = Journal::open(&path, Sync::Os).err().expect("refused");
+        assert!(err.to_string().contains("in use"), "{err}");
+        drop(first);
+        assert!(Journal::open(&path, Sync::Os).is_ok());
     }
 
     #[test]

@@ -1,12 +1,31 @@
-//! sluice's transaction pool.
+//! sluice's mempool.
 //!
-//! [`Pool`] is the pure core: a nonce-ordered pool per sender with geth's rules, as plain
-//! methods on a struct, no I/O, no locks, time passed in. The validating intake, relay,
-//! journal and the RPC methods wrap it (issue 5; not wired yet).
+//! Pure cores, no I/O, tested synchronously:
+//! * [`decode()`]: EIP-2718 decoding, stateless checks and sender recovery;
+//! * [`Pool`]: the nonce-ordered pool per sender with geth's rules (time passed in);
+//! * [`relay::verdict`]: what a node's answer to a relayed transaction means.
+//!
+//! Around them, at the edges:
+//! * [`Mempool`] (the [`TxIntake`] and [`PoolView`] seams): decode and recover in the
+//!   submitter's task, account state from the upstreams ([`state`]), one writer thread that
+//!   batches inserts, journals ([`journal`]) and publishes a lock-free [`Snapshot`];
+//! * [`MempoolLayer`]: the pool's JSON-RPC methods as a layer over the upstreams;
+//! * relay and head maintenance tasks.
 
 pub mod decode;
 pub mod journal;
+mod maintain;
 mod pool;
+pub mod relay;
+pub mod rpc;
+mod service;
+pub mod state;
+pub mod status;
+pub mod view;
+mod writer;
 
 pub use decode::{decode, DecodeError, Rules};
 pub use pool::{Config, InsertError, Inserted, Pool, PoolTx, Status};
+pub use rpc::MempoolLayer;
+pub use service::{Mempool, MempoolConfig, Origin, PoolView, SubmitError, TxIntake};
+pub use view::{Pooled, Snapshot};

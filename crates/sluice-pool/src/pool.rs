@@ -120,6 +120,25 @@ pub enum InsertError {
     /// The sender already has too many gapped transactions.
     #[error("account queue full: {0} queued transactions")]
     AccountQueueFull(usize),
+    /// The journal could not be written, so the transaction was not accepted.
+    #[error("transaction not accepted: journal write failed: {0}")]
+    Journal(String),
+}
+
+impl InsertError {
+    /// A short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            InsertError::AlreadyKnown => "already_known",
+            InsertError::NonceTooLow { .. } => "nonce_too_low",
+            InsertError::ReplacementUnderpriced => "replacement_underpriced",
+            InsertError::Underpriced => "underpriced",
+            InsertError::TipAboveFeeCap => "tip_above_fee_cap",
+            InsertError::InsufficientFunds { .. } => "insufficient_funds",
+            InsertError::AccountQueueFull(_) => "account_queue_full",
+            InsertError::Journal(_) => "journal",
+        }
+    }
 }
 
 /// Where an accepted transaction went.
@@ -131,6 +150,8 @@ pub struct Inserted {
     pub replaced: Option<B256>,
     /// Transactions evicted to make room.
     pub evicted: Vec<B256>,
+    /// The sender's transactions below the account nonce given, dropped as already mined.
+    pub mined: Vec<B256>,
 }
 
 /// Counts, as `txpool_status` reports them.
@@ -147,6 +168,8 @@ struct Sender {
     txs: BTreeMap<u64, Arc<PoolTx>>,
     nonce: u64,
     balance: U256,
+    /// `pending_len` at the pool's base fee, as of the last [`Pool::touch`].
+    pending: usize,
 }
 
 impl Sender {
@@ -167,6 +190,8 @@ pub struct Pool {
     senders: HashMap<Address, Sender>,
     by_hash: HashMap<B256, Arc<PoolTx>>,
     base_fee: u128,
+    /// Sum of the senders' cached `pending`: keeps [`Pool::status`] O(1).
+    pending_total: usize,
 }
 
 impl Pool {
@@ -178,6 +203,43 @@ impl Pool {
     /// Sets the base fee of the next block; held transactions may become pending.
     pub fn set_base_fee(&mut self, base_fee: u128) {
         self.base_fee = base_fee;
+        let senders: Vec<Address> = self.senders.keys().copied().collect();
+        for sender in senders {
+            self.touch(&sender);
+        }
+    }
+
+    /// The base fee the pool judges executability by.
+    pub fn base_fee(&self) -> u128 {
+        self.base_fee
+    }
+
+    /// Every sender with pooled transactions.
+    pub fn senders(&self) -> impl Iterator<Item = &Address> {
+        self.senders.keys()
+    }
+
+    /// Number of pooled transactions.
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// Whether the pool is empty.
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+
+    /// Recomputes one sender's pending count after a change, keeping the totals right, and
+    /// forgets senders left without transactions.
+    fn touch(&mut self, sender: &Address) {
+        let base_fee = self.base_fee;
+        let Some(s) = self.senders.get_mut(sender) else { return };
+        let now = s.pending_len(base_fee);
+        self.pending_total = self.pending_total - s.pending + now;
+        s.pending = now;
+        if s.txs.is_empty() {
+            self.senders.remove(sender);
+        }
     }
 
     /// A pooled transaction by hash.
@@ -193,19 +255,13 @@ impl Pool {
 
     /// Pending and queued counts.
     pub fn status(&self) -> Status {
-        let mut status = Status::default();
-        for s in self.senders.values() {
-            let pending = s.pending_len(self.base_fee);
-            status.pending += pending;
-            status.queued += s.txs.len() - pending;
-        }
-        status
+        Status { pending: self.pending_total, queued: self.by_hash.len() - self.pending_total }
     }
 
     /// A sender's transactions split into (pending, queued), by nonce.
     pub fn content_of(&self, sender: &Address) -> (Vec<Arc<PoolTx>>, Vec<Arc<PoolTx>>) {
         let Some(s) = self.senders.get(sender) else { return (Vec::new(), Vec::new()) };
-        let pending = s.pending_len(self.base_fee);
+        let pending = s.pending;
         let all: Vec<Arc<PoolTx>> = s.txs.values().cloned().collect();
         let (p, q) = all.split_at(pending);
         (p.to_vec(), q.to_vec())
@@ -213,6 +269,16 @@ impl Pool {
 
     /// Inserts a transaction, given its sender's account nonce and balance at the head.
     pub fn insert(&mut self, tx: PoolTx, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
+        let sender = tx.sender;
+        let result = self.try_insert(tx, nonce, balance);
+        if result.is_err() {
+            // A refusal may have left a new sender without transactions behind.
+            self.touch(&sender);
+        }
+        result
+    }
+
+    fn try_insert(&mut self, tx: PoolTx, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
         if self.by_hash.contains_key(&tx.hash) {
             return Err(InsertError::AlreadyKnown);
         }
@@ -226,7 +292,7 @@ impl Pool {
             return Err(InsertError::NonceTooLow { next: nonce, got: tx.nonce });
         }
         // The head says these nonces are used: whatever the pool still holds below is mined.
-        self.advance(&tx.sender, nonce);
+        let mined = self.advance(&tx.sender, nonce);
         let base_fee = self.base_fee;
         let bump = self.config.price_bump_percent;
         let sender = self.senders.entry(tx.sender).or_default();
@@ -259,24 +325,31 @@ impl Pool {
                 Some(prev) => sender.txs.insert(prev.nonce, prev),
                 None => sender.txs.remove(&tx.nonce),
             };
+            self.touch(&tx.sender);
             return Err(InsertError::AccountQueueFull(queued_before));
         }
         if let Some(old) = replaced {
             self.by_hash.remove(&old);
         }
         self.by_hash.insert(tx.hash, tx.clone());
+        self.touch(&tx.sender);
         let evicted = match self.make_room(&tx) {
             Ok(evicted) => evicted,
             Err(e) => {
                 self.remove(&tx.hash);
                 if let Some(prev) = previous {
                     self.by_hash.insert(prev.hash, prev.clone());
-                    self.senders.entry(prev.sender).or_default().txs.insert(prev.nonce, prev);
+                    let sender = prev.sender;
+                    let s = self.senders.entry(sender).or_default();
+                    s.nonce = s.nonce.max(nonce);
+                    s.balance = balance;
+                    s.txs.insert(prev.nonce, prev);
+                    self.touch(&sender);
                 }
                 return Err(e);
             }
         };
-        Ok(Inserted { pending: is_pending, replaced, evicted })
+        Ok(Inserted { pending: is_pending, replaced, evicted, mined })
     }
 
     /// Evicts the cheapest transactions while the pool is over its limits. Queued go before
@@ -298,7 +371,7 @@ impl Pool {
                 if self.config.priority_senders.contains(address) {
                     continue;
                 }
-                let pending = s.pending_len(self.base_fee);
+                let pending = s.pending;
                 let candidate = if over_slots && pending > 0 {
                     s.txs.values().nth(pending - 1)
                 } else if !over_slots && s.txs.len() > pending {
@@ -330,10 +403,8 @@ impl Pool {
             if s.txs.get(&tx.nonce).is_some_and(|t| t.hash == *hash) {
                 s.txs.remove(&tx.nonce);
             }
-            if s.txs.is_empty() {
-                self.senders.remove(&tx.sender);
-            }
         }
+        self.touch(&tx.sender);
         Some(tx)
     }
 
@@ -344,13 +415,20 @@ impl Pool {
         s.nonce = s.nonce.max(nonce);
         let keep = s.txs.split_off(&nonce);
         let gone: Vec<B256> = std::mem::replace(&mut s.txs, keep).into_values().map(|t| t.hash).collect();
-        if s.txs.is_empty() {
-            self.senders.remove(sender);
-        }
         for hash in &gone {
             self.by_hash.remove(hash);
         }
+        self.touch(sender);
         gone
+    }
+
+    /// Sets a sender's account nonce as the head now says, lower or higher (after a reorg the
+    /// chain may have forgotten nonces it had used). Transactions below it leave.
+    pub fn reset_nonce(&mut self, sender: &Address, nonce: u64) -> Vec<B256> {
+        if let Some(s) = self.senders.get_mut(sender) {
+            s.nonce = nonce;
+        }
+        self.advance(sender, nonce)
     }
 
     /// Drops queued transactions older than the lifetime. Returns their hashes.
@@ -531,6 +609,25 @@ mod tests {
         assert_eq!(p.advance(&addr(1), 2), vec![tx(1, 0, 10).hash]);
         assert_eq!(p.status(), Status { pending: 1, queued: 0 });
         assert_eq!(p.pending_nonce(&addr(1)), Some(3));
+    }
+
+    #[test]
+    fn counts_stay_right_through_refusals_removals_and_base_fee_moves() {
+        let mut p = Pool::new(Config { account_queue: 1, ..Config::default() });
+        p.insert(tx(1, 0, 10), 0, rich()).unwrap();
+        p.insert(tx(1, 2, 10), 0, rich()).unwrap();
+        assert!(p.insert(tx(1, 3, 10), 0, rich()).is_err());
+        assert!(p.insert(tx(2, 0, 10), 0, U256::ZERO).is_err());
+        assert_eq!(p.pending_nonce(&addr(2)), None, "a refused sender leaves nothing behind");
+        p.set_base_fee(20 * GWEI);
+        assert_eq!(p.status(), Status { pending: 0, queued: 2 });
+        p.set_base_fee(0);
+        p.insert(tx(1, 1, 10), 0, rich()).unwrap();
+        assert_eq!(p.status(), Status { pending: 3, queued: 0 });
+        p.remove(&tx(1, 1, 10).hash);
+        assert_eq!(p.status(), Status { pending: 1, queued: 1 });
+        assert_eq!(p.reset_nonce(&addr(1), 3), vec![tx(1, 0, 10).hash, tx(1, 2, 10).hash]);
+        assert_eq!((p.status(), p.len()), (Status::default(), 0));
     }
 
     #[test]

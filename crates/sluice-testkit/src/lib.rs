@@ -151,6 +151,8 @@ pub struct Sluice {
     pub addr: String,
     /// The lines it printed before that one.
     pub preamble: Vec<String>,
+    /// Its own folder for the mempool journal (unless the caller named one), removed on drop.
+    _data: Option<tempfile::TempDir>,
 }
 
 impl Sluice {
@@ -161,10 +163,15 @@ impl Sluice {
     }
 
     /// Like [`Sluice::spawn`], with extra environment variables for the child only.
+    /// Each instance journals its mempool in a temporary folder of its own unless `env` sets
+    /// `SLUICE_MEMPOOL__JOURNAL`.
     pub fn spawn_env(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let data = tempfile::tempdir().expect("a temporary folder");
+        let journal = data.path().join("mempool.journal");
         let mut child = Command::new(bin)
             .args(args)
             .env("SLUICE_LOG", "warn")
+            .env("SLUICE_MEMPOOL__JOURNAL", &journal)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -182,7 +189,7 @@ impl Sluice {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Sluice { child, addr, preamble }
+        Sluice { child, addr, preamble, _data: Some(data) }
     }
 
     /// Starts `sluice serve` on a free port in front of `upstream`, with extra arguments.

@@ -30,6 +30,105 @@ pub struct Config {
     /// How several upstreams share the load (used when more than one is configured).
     #[serde(default)]
     pub pool: PoolSection,
+    /// The transaction pool behind `eth_sendRawTransaction` (see docs/mempool.md).
+    #[serde(default)]
+    pub mempool: MempoolSection,
+}
+
+/// The mempool (see docs/mempool.md); pool limits default to geth's.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MempoolSection {
+    /// Keep a local pool; when off, `eth_sendRawTransaction` and `txpool_*` pass through.
+    pub enabled: bool,
+    /// The journal file (created with its folder); every accepted transaction is written to it
+    /// before the answer and replayed at start.
+    pub journal: std::path::PathBuf,
+    /// When journal writes reach the disk: "os" (survives a process crash) or "always"
+    /// (fsync per batch: survives a power loss).
+    pub fsync: String,
+    /// Forward accepted transactions to the upstreams.
+    pub relay: bool,
+    /// Send still-pending transactions again after this long.
+    #[serde(with = "humantime_serde")]
+    pub rebroadcast_interval: Duration,
+    /// Largest raw transaction, in bytes.
+    pub max_tx_bytes: usize,
+    /// Executable transactions guaranteed per sender.
+    pub account_slots: usize,
+    /// Gapped transactions allowed per sender.
+    pub account_queue: usize,
+    /// Executable transactions in all.
+    pub global_slots: usize,
+    /// Gapped transactions in all.
+    pub global_queue: usize,
+    /// How long a gapped transaction may wait for its gap to fill.
+    #[serde(with = "humantime_serde")]
+    pub lifetime: Duration,
+    /// Fee increase a replacement needs on both fee fields, in percent.
+    pub price_bump_percent: u128,
+    /// Smallest tip accepted, in wei.
+    pub min_tip: u128,
+    /// Senders whose transactions are never evicted.
+    pub priority_senders: Vec<String>,
+}
+
+impl Default for MempoolSection {
+    fn default() -> Self {
+        let pool = sluice_pool::Config::default();
+        let d = sluice_pool::MempoolConfig::default();
+        Self {
+            enabled: true,
+            journal: ".sluice/mempool.journal".into(),
+            fsync: "os".into(),
+            relay: d.relay,
+            rebroadcast_interval: d.rebroadcast_interval,
+            max_tx_bytes: d.max_tx_bytes,
+            account_slots: pool.account_slots,
+            account_queue: pool.account_queue,
+            global_slots: pool.global_slots,
+            global_queue: pool.global_queue,
+            lifetime: pool.lifetime,
+            price_bump_percent: pool.price_bump_percent,
+            min_tip: pool.min_tip,
+            priority_senders: Vec::new(),
+        }
+    }
+}
+
+impl TryFrom<&MempoolSection> for sluice_pool::MempoolConfig {
+    type Error = String;
+
+    fn try_from(m: &MempoolSection) -> Result<Self, String> {
+        let sync = match m.fsync.as_str() {
+            "os" => sluice_pool::journal::Sync::Os,
+            "always" => sluice_pool::journal::Sync::Always,
+            other => return Err(format!("mempool.fsync: expected \"os\" or \"always\", got {other:?}")),
+        };
+        let priority_senders = m
+            .priority_senders
+            .iter()
+            .map(|a| a.parse().map_err(|_| format!("mempool.priority_senders: {a:?} is not an address")))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            pool: sluice_pool::Config {
+                account_slots: m.account_slots,
+                account_queue: m.account_queue,
+                global_slots: m.global_slots,
+                global_queue: m.global_queue,
+                lifetime: m.lifetime,
+                price_bump_percent: m.price_bump_percent,
+                min_tip: m.min_tip,
+                priority_senders,
+            },
+            max_tx_bytes: m.max_tx_bytes,
+            journal: Some(m.journal.clone()),
+            sync,
+            relay: m.relay,
+            rebroadcast_interval: m.rebroadcast_interval,
+            ..Self::default()
+        })
+    }
 }
 
 /// The upstream pool (see docs/upstreams.md).
@@ -434,6 +533,10 @@ impl Config {
                 anyhow::ensure!(ca.is_file(), "upstreams[{i}].ca_file: {} not found", ca.display());
             }
         }
+        sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(anyhow::Error::msg)?;
+        let m = &self.mempool;
+        anyhow::ensure!(m.max_tx_bytes > 0, "mempool.max_tx_bytes: must be more than zero");
+        anyhow::ensure!(!m.rebroadcast_interval.is_zero(), "mempool.rebroadcast_interval: must be more than zero");
         let c = &self.cache;
         anyhow::ensure!(c.memory_bytes > 0, "cache.memory_bytes: must be more than zero");
         anyhow::ensure!(c.window >= 2, "cache.window: must be at least 2");

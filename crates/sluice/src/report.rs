@@ -49,10 +49,15 @@ const DEV: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
 
 /// Starts `sluice serve` (this binary) in front of `upstream`; returns the child and its URL.
 async fn spawn_sluice(upstream: &str, cache: bool) -> anyhow::Result<(Child, String)> {
+    // Each instance journals its (idle) mempool in a file of its own: journals are exclusive.
+    static INSTANCE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let journal = std::env::temp_dir().join(format!("sluice-report-{}-{n}.journal", std::process::id()));
     let mut child = Command::new(std::env::current_exe()?)
         .args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
         .env("SLUICE_LOG", "warn")
         .env("SLUICE_CACHE__ENABLED", cache.to_string())
+        .env("SLUICE_MEMPOOL__JOURNAL", &journal)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;

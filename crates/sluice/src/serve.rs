@@ -8,8 +8,9 @@ use sluice_gateway::{Gateway, Limits};
 use std::time::Duration;
 
 use sluice_jsonrpc::{Id, Outcome, Request};
+use sluice_pool::{Mempool, MempoolConfig, MempoolLayer};
 use sluice_upstream::pool::{MemberConfig, MethodFilter, Pool, PoolConfig};
-use sluice_upstream::{spawn_head_watcher, Answer, HeadConfig, HttpUpstream, HttpUpstreamConfig, Upstreams};
+use sluice_upstream::{spawn_head_watcher, Answer, HeadConfig, HeadFeed, HttpUpstream, HttpUpstreamConfig, Upstreams};
 use tokio::net::TcpListener;
 
 use crate::config::Config;
@@ -40,7 +41,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .collect();
         Pool::new(members, PoolConfig::try_from(&config.pool).map_err(anyhow::Error::msg)?)
     };
-    let upstreams = if config.cache.enabled { with_cache(&config, upstream, &ws_url)? } else { upstream };
+    // One head feed for the cache and the mempool, when either is on.
+    let feed = (config.cache.enabled || config.mempool.enabled).then(|| {
+        let cache = &config.cache;
+        let heads = HeadConfig { window: cache.window, poll_interval: cache.poll_interval, ..HeadConfig::default() };
+        spawn_head_watcher(upstream.clone(), Some(ws_url.clone()), heads)
+    });
+    let mut upstreams = upstream.clone();
+    if let (true, Some(feed)) = (config.cache.enabled, &feed) {
+        upstreams = with_cache(&config, upstreams, feed)?;
+    }
+    if let (true, Some(feed)) = (config.mempool.enabled, &feed) {
+        upstreams = with_mempool(&config, upstream, upstreams, feed).await?;
+    }
     let gateway = Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits));
     let listener = TcpListener::bind(config.listen)
         .await
@@ -112,11 +125,25 @@ async fn check_chain_ids(clients: &[HttpUpstream], names: &[String]) -> anyhow::
     Ok(())
 }
 
-/// Wraps the upstream in the cache, fed by a head watcher on the same node.
-fn with_cache(config: &Config, upstream: Arc<dyn Upstreams>, ws_url: &str) -> anyhow::Result<Arc<dyn Upstreams>> {
+/// Starts the mempool (replaying its journal) and puts its methods in front of `inner`. The
+/// mempool itself reads state and relays through `upstream` directly, not through the cache.
+async fn with_mempool(
+    config: &Config,
+    upstream: Arc<dyn Upstreams>,
+    inner: Arc<dyn Upstreams>,
+    feed: &HeadFeed,
+) -> anyhow::Result<Arc<dyn Upstreams>> {
+    let settings = MempoolConfig::try_from(&config.mempool).map_err(anyhow::Error::msg)?;
+    if let Some(dir) = settings.journal.as_deref().and_then(|p| p.parent()).filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mempool = Mempool::start(settings, upstream, feed).await.map_err(anyhow::Error::msg)?;
+    Ok(Arc::new(MempoolLayer::new(inner, mempool)))
+}
+
+/// Wraps the upstream in the cache, fed by the head watcher.
+fn with_cache(config: &Config, upstream: Arc<dyn Upstreams>, feed: &HeadFeed) -> anyhow::Result<Arc<dyn Upstreams>> {
     let cache = &config.cache;
-    let heads = HeadConfig { window: cache.window, poll_interval: cache.poll_interval, ..HeadConfig::default() };
-    let feed = spawn_head_watcher(upstream.clone(), Some(ws_url.to_owned()), heads);
     let redis = match &cache.redis {
         Some(r) => Some(
             RedisTier::new(RedisConfig {
@@ -129,7 +156,7 @@ fn with_cache(config: &Config, upstream: Arc<dyn Upstreams>, ws_url: &str) -> an
         ),
         None => None,
     };
-    Ok(Arc::new(CacheLayer::new(upstream, &feed, cache.memory_bytes, redis, cache.coalesce)))
+    Ok(Arc::new(CacheLayer::new(upstream, feed, cache.memory_bytes, redis, cache.coalesce)))
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

@@ -122,7 +122,11 @@ async fn hanging_upstream_times_out() {
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(
         config.path(),
-        format!("[cache]\nenabled = false\n[[upstreams]]\nurl = \"{}\"\ntimeout = \"300ms\"\n", fake.url),
+        // Nothing else may call the fake: the count below is the gateway's alone.
+        format!(
+            "[cache]\nenabled = false\n[mempool]\nenabled = false\n[[upstreams]]\nurl = \"{}\"\ntimeout = \"300ms\"\n",
+            fake.url
+        ),
     )
     .unwrap();
     let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--config", config.path().to_str().unwrap()]);

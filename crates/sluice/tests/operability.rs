@@ -62,9 +62,10 @@ async fn headers_say_what_served_and_carry_a_request_id() {
 #[tokio::test]
 async fn sigterm_drains_in_flight_requests_then_exits() {
     let fake = FakeUpstream::spawn(Fault::Slow(Duration::from_millis(800))).await;
-    // Cache off: the fake upstream should see only the request under test.
+    // Cache and mempool off: the fake upstream should see only the request under test.
     let args = ["serve", "--listen", "127.0.0.1:0", "--upstream", &fake.url];
-    let mut sluice = Sluice::spawn_env(BIN, &args, &[("SLUICE_CACHE__ENABLED", "false")]);
+    let off = [("SLUICE_CACHE__ENABLED", "false"), ("SLUICE_MEMPOOL__ENABLED", "false")];
+    let mut sluice = Sluice::spawn_env(BIN, &args, &off);
     let client = reqwest::Client::new();
     let url = sluice.http_url();
     let in_flight = tokio::spawn({

@@ -10,7 +10,8 @@ use common::{call, BIN, DEV_ACCOUNT, DEV_KEY};
 use serde_json::{json, Value};
 use sluice_testkit::{foundry_tool, post, rpc_result, Anvil, FakeUpstream, Fault, Sluice};
 
-/// sluice in front of `upstreams`, cache off (every call goes upstream), quick breaker.
+/// sluice in front of `upstreams`, cache off (every call goes upstream), mempool off (it
+/// would make calls of its own), quick breaker.
 fn pool(upstreams: &[&str], extra_env: &[(&str, &str)]) -> Sluice {
     let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
     for u in upstreams {
@@ -18,6 +19,7 @@ fn pool(upstreams: &[&str], extra_env: &[(&str, &str)]) -> Sluice {
     }
     let mut env = vec![
         ("SLUICE_CACHE__ENABLED", "false"),
+        ("SLUICE_MEMPOOL__ENABLED", "false"),
         ("SLUICE_POOL__BREAKER_COOLDOWN", "300ms"),
         ("SLUICE_POOL__PROBE_INTERVAL", "100ms"),
     ];
@@ -192,10 +194,10 @@ async fn status_lists_every_upstream_and_wrong_chains_are_refused() {
     assert!(stderr.contains("upstream-1 is on chain") && stderr.contains("refusing"), "{stderr}");
 }
 
-/// sluice from a TOML config (per-upstream settings need the file), cache off.
+/// sluice from a TOML config (per-upstream settings need the file), cache and mempool off.
 fn pool_from(toml: &str) -> (Sluice, tempfile::NamedTempFile) {
     let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), format!("[cache]\nenabled = false\n{toml}")).unwrap();
+    std::fs::write(file.path(), format!("[cache]\nenabled = false\n[mempool]\nenabled = false\n{toml}")).unwrap();
     let args = ["serve", "--listen", "127.0.0.1:0", "--config", file.path().to_str().unwrap()];
     (Sluice::spawn(BIN, &args), file)
 }

@@ -1,0 +1,198 @@
+//! Head maintenance: follows the chain and keeps the pool true to it.
+//!
+//! * each new block: its transactions' senders that the pool knows get their nonces advanced
+//!   (their mined transactions leave, the next queued ones are promoted), the base fee for the
+//!   next block is set (held transactions are released when it allows), the block gas limit
+//!   updated;
+//! * a reorg: the senders' nonces are read again from the new chain, and the transactions the
+//!   dropped blocks had mined are re-validated into the pool;
+//! * a timer drops queued transactions past their lifetime.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use alloy_eips::eip1559::BaseFeeParams;
+use alloy_primitives::Address;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use sluice_chain::{parse_quantity, ChainEvent};
+use sluice_jsonrpc::{Id, Outcome, Request};
+use sluice_upstream::{Answer, Upstreams};
+use tokio::sync::{broadcast, oneshot};
+
+use crate::service::{Mempool, Origin, PoolView};
+use crate::view::Pooled;
+use crate::writer::Command;
+use crate::Rules;
+
+/// Blocks remembered for re-injection after a reorg, and caught up on after a gap.
+const DEPTH: u64 = 64;
+
+/// What the mempool needs to know about the chain at start.
+pub(crate) struct ChainInfo {
+    pub chain_id: u64,
+    pub number: u64,
+    pub gas_limit: u64,
+    pub next_base_fee: u128,
+}
+
+#[derive(Deserialize)]
+struct Block {
+    number: String,
+    #[serde(rename = "gasLimit")]
+    gas_limit: String,
+    #[serde(rename = "gasUsed")]
+    gas_used: String,
+    #[serde(rename = "baseFeePerGas")]
+    base_fee: Option<String>,
+    /// Full transactions, or just hashes when fetched without them (skipped then).
+    #[serde(default)]
+    transactions: Vec<TxOrHash>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TxOrHash {
+    Tx { from: Address, nonce: String },
+    Hash(#[allow(dead_code)] String),
+}
+
+impl Block {
+    fn gas_limit(&self) -> u64 {
+        parse_quantity(&self.gas_limit).unwrap_or(30_000_000)
+    }
+
+    /// The base fee of the block after this one (0 before London).
+    fn next_base_fee(&self) -> u128 {
+        let Some(base_fee) = self.base_fee.as_deref().and_then(parse_quantity) else { return 0 };
+        let used = parse_quantity(&self.gas_used).unwrap_or(0);
+        alloy_eips::calc_next_block_base_fee(used, self.gas_limit(), base_fee, BaseFeeParams::ethereum()) as u128
+    }
+}
+
+/// Reads the chain id and the latest block.
+pub(crate) async fn fetch_chain(upstream: &dyn Upstreams) -> Result<ChainInfo, String> {
+    let chain_id = call(upstream, "eth_chainId", "[]").await?;
+    let chain_id: String = serde_json::from_str(chain_id.get()).map_err(|e| format!("eth_chainId: {e}"))?;
+    let chain_id = parse_quantity(&chain_id).ok_or("eth_chainId: not a quantity")?;
+    let block = fetch_block(upstream, "\"latest\"", false).await?.ok_or("the upstream has no latest block")?;
+    Ok(ChainInfo {
+        chain_id,
+        number: parse_quantity(&block.number).unwrap_or(0),
+        gas_limit: block.gas_limit(),
+        next_base_fee: block.next_base_fee(),
+    })
+}
+
+async fn call(upstream: &dyn Upstreams, method: &str, params: &str) -> Result<Box<RawValue>, String> {
+    let params = RawValue::from_string(params.to_owned()).map_err(|e| e.to_string())?;
+    let req = Request::new(Some(Id::number(1)), method, Some(params));
+    match upstream.call(&req).await {
+        Ok(Answer { outcome: Outcome::Result(raw), .. }) => Ok(raw),
+        Ok(Answer { outcome: Outcome::Error(raw), .. }) => Err(format!("{method}: {}", raw.get())),
+        Err(e) => Err(format!("{method}: {e}")),
+    }
+}
+
+async fn fetch_block(upstream: &dyn Upstreams, tag: &str, full: bool) -> Result<Option<Block>, String> {
+    let raw = call(upstream, "eth_getBlockByNumber", &format!("[{tag},{full}]")).await?;
+    serde_json::from_str(raw.get()).map_err(|e| format!("eth_getBlockByNumber: {e}"))
+}
+
+/// Follows the head feed until it closes.
+pub(crate) async fn run(mempool: Arc<Mempool>, mut events: broadcast::Receiver<ChainEvent>, start: u64) {
+    let mut next = start + 1;
+    let mut mined: BTreeMap<u64, Vec<Arc<Pooled>>> = BTreeMap::new();
+    let mut expire = tokio::time::interval(mempool.config.expire_interval);
+    loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Ok(ChainEvent::NewHead(head)) => {
+                    next = next.max(head.saturating_sub(DEPTH - 1));
+                    while next <= head {
+                        match mempool.on_block(next).await {
+                            Ok(Some(gone)) => {
+                                mined.insert(next, gone);
+                                next += 1;
+                            }
+                            // Not there yet (a lagging upstream) or unreadable: try on the next head.
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::warn!(block = next, error = %e, "mempool could not read a block");
+                                break;
+                            }
+                        }
+                    }
+                    while mined.len() as u64 > DEPTH {
+                        mined.pop_first();
+                    }
+                }
+                Ok(ChainEvent::Reorg { fork_point }) => {
+                    let dropped: Vec<Arc<Pooled>> = mined.split_off(&fork_point).into_values().flatten().collect();
+                    mempool.on_reorg(dropped).await;
+                    next = next.min(fork_point);
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => mempool.on_reorg(Vec::new()).await,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            _ = expire.tick() => {
+                let _ = mempool.commands.send(Command::Expire);
+            }
+        }
+    }
+}
+
+impl Mempool {
+    /// Applies one block; returns the pooled transactions it mined, or `None` if the upstream
+    /// does not have the block yet.
+    async fn on_block(&self, number: u64) -> Result<Option<Vec<Arc<Pooled>>>, String> {
+        let Some(block) = fetch_block(self.upstream.as_ref(), &format!("\"{number:#x}\""), true).await? else {
+            return Ok(None);
+        };
+        let snapshot = self.snapshot();
+        let mut advanced: HashMap<Address, u64> = HashMap::new();
+        for tx in &block.transactions {
+            let TxOrHash::Tx { from, nonce } = tx else { continue };
+            if snapshot.senders.contains_key(from) {
+                let nonce = parse_quantity(nonce).unwrap_or(0) + 1;
+                let entry = advanced.entry(*from).or_default();
+                *entry = (*entry).max(nonce);
+            }
+        }
+        let gas_limit = block.gas_limit();
+        if let Some(rules) = self.rules.load_full().filter(|r| r.block_gas_limit != gas_limit) {
+            self.rules.store(Some(Arc::new(Rules { block_gas_limit: gas_limit, ..Rules::clone(&rules) })));
+        }
+        let (reply, gone) = oneshot::channel();
+        let command = Command::Block {
+            number,
+            advanced: advanced.into_iter().collect(),
+            base_fee: Some(block.next_base_fee()),
+            reply,
+        };
+        self.commands.send(command).map_err(|_| "the mempool writer stopped".to_owned())?;
+        let gone = gone.await.map_err(|_| "the mempool writer stopped".to_owned())?;
+        if !gone.is_empty() {
+            tracing::debug!(block = number, mined = gone.len(), "pooled transactions mined");
+        }
+        Ok(Some(gone))
+    }
+
+    /// After a reorg: re-read every pooled sender's nonce from the new chain, then re-validate
+    /// the transactions the dropped blocks had mined.
+    async fn on_reorg(&self, dropped: Vec<Arc<Pooled>>) {
+        let senders: Vec<Address> = self.snapshot().senders.keys().copied().collect();
+        let states = self.state.get_many(&senders).await;
+        let nonces: Vec<(Address, u64)> =
+            senders.into_iter().zip(states).filter_map(|(a, s)| s.ok().map(|(nonce, _)| (a, nonce))).collect();
+        let _ = self.commands.send(Command::Resync(nonces));
+        let count = dropped.len();
+        let results = futures_util::future::join_all(
+            dropped.into_iter().map(|p| self.submit_with(p.raw.clone(), Origin::Reorg, true)),
+        )
+        .await;
+        let back = results.iter().filter(|r| r.is_ok()).count();
+        metrics::counter!("sluice_mempool_reinjected_total").increment(back as u64);
+        tracing::info!(dropped = count, back_in_pool = back, "reorg: re-validated the dropped blocks' transactions");
+    }
+}

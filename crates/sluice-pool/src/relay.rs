@@ -1,0 +1,141 @@
+//! Relay: executable transactions are forwarded to the upstreams in batches, and sent again
+//! while they stay pending. A node's refusal removes the transaction from the pool with its
+//! reason recorded, counted and logged; nothing is dropped silently.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use alloy_primitives::B256;
+use serde_json::value::RawValue;
+use sluice_jsonrpc::{Id, Outcome, Request};
+use tokio::sync::mpsc;
+
+use crate::service::{Mempool, PoolView};
+use crate::view::Pooled;
+use crate::writer::Command;
+
+/// Most transactions per upstream batch.
+const MAX_BATCH: usize = 256;
+
+/// What a node's answer to `eth_sendRawTransaction` means for the pool.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Accepted, or already known to the node (including already mined): keep it until mined.
+    Keep,
+    /// Refused for good: remove it, with this reason.
+    Reject(String),
+}
+
+/// Reads a node's error message. Duplicates and "nonce too low" (mined meanwhile) are not
+/// refusals; anything else is.
+pub fn verdict(error_message: &str) -> Verdict {
+    let m = error_message.to_ascii_lowercase();
+    let benign = ["already known", "already imported", "known transaction", "nonce too low", "already in the mempool"];
+    if benign.iter().any(|b| m.contains(b)) {
+        Verdict::Keep
+    } else {
+        Verdict::Reject(error_message.to_owned())
+    }
+}
+
+pub(crate) async fn run(mempool: Arc<Mempool>, mut rx: mpsc::UnboundedReceiver<Arc<Pooled>>) {
+    let mut last_sent: HashMap<B256, Instant> = HashMap::new();
+    let interval = mempool.config.rebroadcast_interval;
+    let mut rebroadcast = tokio::time::interval(interval);
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    loop {
+        tokio::select! {
+            n = rx.recv_many(&mut batch, MAX_BATCH) => {
+                if n == 0 {
+                    return;
+                }
+                let txs = std::mem::take(&mut batch);
+                send(&mempool, txs, &mut last_sent, "relay").await;
+            }
+            _ = rebroadcast.tick() => {
+                let snapshot = mempool.snapshot();
+                last_sent.retain(|hash, _| snapshot.by_hash.contains_key(hash));
+                let now = Instant::now();
+                let due: Vec<Arc<Pooled>> = snapshot
+                    .senders
+                    .values()
+                    .flat_map(|v| v.pending.iter())
+                    .filter(|p| last_sent.get(&p.tx.hash).is_none_or(|t| now.duration_since(*t) >= interval))
+                    .cloned()
+                    .collect();
+                for chunk in due.chunks(MAX_BATCH) {
+                    send(&mempool, chunk.to_vec(), &mut last_sent, "rebroadcast").await;
+                }
+            }
+        }
+    }
+}
+
+async fn send(mempool: &Mempool, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<B256, Instant>, kind: &'static str) {
+    let snapshot = mempool.snapshot();
+    // Skip what left the pool while queued here (mined, replaced).
+    let txs: Vec<Arc<Pooled>> = txs.into_iter().filter(|p| snapshot.by_hash.contains_key(&p.tx.hash)).collect();
+    if txs.is_empty() {
+        return;
+    }
+    let requests: Vec<Request> = txs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let params = RawValue::from_string(format!("[\"{}\"]", p.raw)).ok();
+            Request::new(Some(Id::number(i as u64)), "eth_sendRawTransaction", params)
+        })
+        .collect();
+    let refs: Vec<&Request> = requests.iter().collect();
+    let answers = mempool.upstream.call_batch(&refs).await;
+    let now = Instant::now();
+    for (p, answer) in txs.iter().zip(answers) {
+        let hash = p.tx.hash;
+        match answer {
+            Ok(a) => {
+                last_sent.insert(hash, now);
+                let verdict = match &a.outcome {
+                    Outcome::Result(_) => Verdict::Keep,
+                    Outcome::Error(raw) => verdict(&error_message(raw)),
+                };
+                match verdict {
+                    Verdict::Keep => metrics::counter!("sluice_mempool_relayed_total", "kind" => kind).increment(1),
+                    Verdict::Reject(reason) => {
+                        metrics::counter!("sluice_mempool_relay_rejected_total").increment(1);
+                        tracing::warn!(%hash, %reason, "the upstream refused a pooled transaction; removed");
+                        let _ = mempool.commands.send(Command::Reject { hash, reason });
+                    }
+                }
+            }
+            Err(e) => {
+                // Kept: the rebroadcast timer tries again.
+                metrics::counter!("sluice_mempool_relay_failures_total", "reason" => e.kind()).increment(1);
+                tracing::debug!(%hash, error = %e, "relay failed; will retry");
+            }
+        }
+    }
+}
+
+fn error_message(raw: &RawValue) -> String {
+    serde_json::from_str::<serde_json::Value>(raw.get())
+        .ok()
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| raw.get().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_and_mined_are_kept_other_refusals_reject() {
+        assert_eq!(verdict("already known"), Verdict::Keep);
+        assert_eq!(verdict("transaction already imported"), Verdict::Keep);
+        assert_eq!(verdict("nonce too low: next nonce 5, tx nonce 4"), Verdict::Keep);
+        assert_eq!(
+            verdict("insufficient funds for gas * price + value"),
+            Verdict::Reject("insufficient funds for gas * price + value".into())
+        );
+    }
+}

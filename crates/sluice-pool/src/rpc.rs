@@ -1,0 +1,173 @@
+//! The mempool's JSON-RPC methods, as a layer over the upstreams: pool methods are answered
+//! here from the published snapshot (or the intake), everything else goes to the inner layer.
+//!
+//! | method | answered |
+//! |---|---|
+//! | `eth_sendRawTransaction` | intake: after validation and journaling |
+//! | `eth_getTransactionByHash` | the pool when it holds the hash (block fields null), else inner |
+//! | `eth_getTransactionCount(addr, "pending")` | the pool when it holds the sender's transactions, else inner |
+//! | `txpool_status`, `txpool_content`, `txpool_contentFrom`, `txpool_inspect` | the pool (geth's formats) |
+//! | `sluice_getTransactionStatus` | the pool: pending, queued, or why it left |
+
+use std::sync::Arc;
+
+use alloy_primitives::{Address, Bytes, B256};
+use async_trait::async_trait;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
+use sluice_upstream::{Answer, Source, UpstreamError, Upstreams};
+
+use crate::service::{Mempool, Origin, PoolView, SubmitError, TxIntake};
+use crate::view::quantity;
+
+/// The JSON-RPC error code geth answers pool refusals with.
+pub const POOL_ERROR: i64 = -32000;
+
+/// Pool methods answered locally; the rest passed to `inner`.
+pub struct MempoolLayer {
+    inner: Arc<dyn Upstreams>,
+    mempool: Arc<Mempool>,
+}
+
+impl MempoolLayer {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Upstreams>, mempool: Arc<Mempool>) -> Self {
+        Self { inner, mempool }
+    }
+
+    /// Answers `req` locally when it is a pool call the pool can answer.
+    async fn local(&self, req: &Request) -> Option<Outcome> {
+        let method = req.method.as_str();
+        if !(method.starts_with("txpool_")
+            || matches!(
+                method,
+                "eth_sendRawTransaction"
+                    | "eth_getTransactionByHash"
+                    | "eth_getTransactionCount"
+                    | "sluice_getTransactionStatus"
+            ))
+        {
+            return None;
+        }
+        let params: Vec<Value> = match req.params.as_deref().map(|p| serde_json::from_str(p.get())) {
+            None => Vec::new(),
+            Some(Ok(Value::Array(params))) => params,
+            Some(_) => return Some(invalid_params("params must be an array")),
+        };
+        let snapshot = self.mempool.snapshot();
+        let result = match method {
+            "eth_sendRawTransaction" => {
+                let raw = match params.first().and_then(Value::as_str).map(parse_hex) {
+                    Some(Ok(raw)) => raw,
+                    _ => return Some(invalid_params("expected one hex-encoded transaction")),
+                };
+                return Some(match self.mempool.submit(raw, Origin::Rpc).await {
+                    Ok(hash) => result(&Value::String(format!("{hash}"))),
+                    Err(e) => Outcome::error(&submit_error(&e)),
+                });
+            }
+            "eth_getTransactionByHash" => {
+                let hash: B256 = parse(params.first())?;
+                snapshot.by_hash.get(&hash)?.to_rpc()
+            }
+            "eth_getTransactionCount" => {
+                if params.get(1).and_then(Value::as_str) != Some("pending") {
+                    return None;
+                }
+                let sender: Address = parse(params.first())?;
+                Value::String(quantity(snapshot.senders.get(&sender)?.pending_nonce))
+            }
+            "txpool_status" => snapshot.status_json(),
+            "txpool_content" => snapshot.content_json(false),
+            "txpool_inspect" => snapshot.content_json(true),
+            "txpool_contentFrom" => match params.first().map(|v| serde_json::from_value::<Address>(v.clone())) {
+                Some(Ok(sender)) => snapshot.content_from_json(&sender),
+                _ => return Some(invalid_params("expected an address")),
+            },
+            "sluice_getTransactionStatus" => match params.first().map(|v| serde_json::from_value::<B256>(v.clone())) {
+                Some(Ok(hash)) => self.mempool.status_of(&hash),
+                _ => return Some(invalid_params("expected a transaction hash")),
+            },
+            _ => {
+                return Some(Outcome::error(&ErrorObject::new(
+                    codes::METHOD_NOT_FOUND,
+                    format!("{method} is not supported"),
+                )))
+            }
+        };
+        Some(result_value(result))
+    }
+}
+
+#[async_trait]
+impl Upstreams for MempoolLayer {
+    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
+        match self.local(req).await {
+            Some(outcome) => Ok(Answer { outcome, source: Source::Local }),
+            None => self.inner.call(req).await,
+        }
+    }
+
+    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
+        let locals = futures_util::future::join_all(reqs.iter().map(|r| self.local(r))).await;
+        let forward: Vec<&Request> =
+            reqs.iter().zip(&locals).filter(|(_, local)| local.is_none()).map(|(r, _)| *r).collect();
+        let mut forwarded =
+            if forward.is_empty() { Vec::new() } else { self.inner.call_batch(&forward).await }.into_iter();
+        locals
+            .into_iter()
+            .map(|local| match local {
+                Some(outcome) => Ok(Answer { outcome, source: Source::Local }),
+                None => forwarded.next().unwrap_or(Err(UpstreamError::NoneAvailable)),
+            })
+            .collect()
+    }
+
+    fn status(&self) -> Value {
+        let snapshot = self.mempool.snapshot();
+        let mut status = self.inner.status();
+        let pool = serde_json::json!({ "pending": snapshot.status.pending, "queued": snapshot.status.queued });
+        match &mut status {
+            Value::Object(map) => {
+                map.insert("mempool".into(), pool);
+                status
+            }
+            Value::Null => serde_json::json!({ "mempool": pool }),
+            other => serde_json::json!({ "upstreams": other.take(), "mempool": pool }),
+        }
+    }
+}
+
+/// The JSON-RPC error for a refused submission: geth's code and wording for the pool's rules.
+pub fn submit_error(e: &SubmitError) -> ErrorObject {
+    match e {
+        SubmitError::Invalid(_) | SubmitError::Refused(_) => ErrorObject::new(POOL_ERROR, e.to_string()),
+        SubmitError::Unavailable(_) => ErrorObject::new(codes::RESOURCE_UNAVAILABLE, e.to_string()),
+        SubmitError::Busy => ErrorObject::new(codes::LIMIT_EXCEEDED, e.to_string()),
+    }
+}
+
+fn parse_hex(s: &str) -> Result<Bytes, ()> {
+    alloy_primitives::hex::decode(s).map(Bytes::from).map_err(|_| ())
+}
+
+/// A parameter the pool understands, or `None` to let the inner layer answer (and word the error).
+fn parse<T: serde::de::DeserializeOwned>(value: Option<&Value>) -> Option<T> {
+    serde_json::from_value(value?.clone()).ok()
+}
+
+fn invalid_params(detail: &str) -> Outcome {
+    Outcome::error(&ErrorObject::new(codes::INVALID_PARAMS, format!("invalid params: {detail}")))
+}
+
+fn result(value: &Value) -> Outcome {
+    result_value(value.clone())
+}
+
+fn result_value(value: Value) -> Outcome {
+    match RawValue::from_string(value.to_string()) {
+        Ok(raw) => Outcome::Result(raw),
+        Err(e) => Outcome::error(&ErrorObject::new(codes::INTERNAL_ERROR, e.to_string())),
+    }
+}

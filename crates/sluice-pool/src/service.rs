@@ -1,0 +1,332 @@
+//! The running mempool: the intake (decode and recover in the caller's task, account state
+//! from the upstreams, then the single writer), the read side (a published [`Snapshot`]), and
+//! the tasks around them (relay, head maintenance), wired at start.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use alloy_primitives::{Address, Bytes, B256};
+use arc_swap::{ArcSwap, ArcSwapOption};
+use async_trait::async_trait;
+use sluice_upstream::{HeadFeed, Upstreams};
+use tokio::sync::{broadcast, oneshot, Semaphore};
+
+use crate::journal::{Journal, Sync};
+use crate::state::StateReader;
+use crate::status::{Statuses, TxStatus};
+use crate::view::{Pooled, Snapshot};
+use crate::writer::{Command, Submission, Writer};
+use crate::{decode, Config, DecodeError, InsertError, Pool, Rules};
+
+/// Mempool settings.
+#[derive(Debug, Clone)]
+pub struct MempoolConfig {
+    /// Pool rules (limits, price bump, minimum tip, priority senders).
+    pub pool: Config,
+    /// Largest raw transaction accepted, in bytes.
+    pub max_tx_bytes: usize,
+    /// Journal file; `None` keeps the pool in memory only (lost on a crash).
+    pub journal: Option<PathBuf>,
+    /// When journal writes reach the disk.
+    pub sync: Sync,
+    /// Forward accepted transactions to the upstreams.
+    pub relay: bool,
+    /// Send still-pending transactions again after this long.
+    pub rebroadcast_interval: Duration,
+    /// How often queued transactions are checked against their lifetime.
+    pub expire_interval: Duration,
+    /// Deadline for reading account state from the upstreams.
+    pub state_timeout: Duration,
+    /// Most submissions in flight at once; more are refused as busy.
+    pub max_inflight: usize,
+    /// How many departed transactions' statuses are remembered.
+    pub status_capacity: u64,
+}
+
+impl Default for MempoolConfig {
+    fn default() -> Self {
+        Self {
+            pool: Config::default(),
+            max_tx_bytes: 128 * 1024,
+            journal: None,
+            sync: Sync::Os,
+            relay: true,
+            rebroadcast_interval: Duration::from_secs(12),
+            expire_interval: Duration::from_secs(60),
+            state_timeout: Duration::from_secs(5),
+            max_inflight: 100_000,
+            status_capacity: 1 << 20,
+        }
+    }
+}
+
+/// Where a transaction came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// `eth_sendRawTransaction`.
+    Rpc,
+    /// The QUIC ingress.
+    Quic,
+    /// A peer sluice node.
+    Peer,
+    /// Re-injected after a reorg dropped its block.
+    Reorg,
+}
+
+/// Why a submission was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// Undecodable or failing a stateless rule.
+    #[error(transparent)]
+    Invalid(#[from] DecodeError),
+    /// Refused by the pool's rules.
+    #[error(transparent)]
+    Refused(#[from] InsertError),
+    /// The account state could not be read, or the mempool is stopping.
+    #[error("transaction not accepted: {0}")]
+    Unavailable(String),
+    /// Too many submissions in flight.
+    #[error("mempool busy: too many transactions in flight")]
+    Busy,
+}
+
+/// Takes transactions in (the seam the gateway, the QUIC ingress and the peer mesh use).
+#[async_trait]
+pub trait TxIntake: Send + std::marker::Sync + 'static {
+    /// Validates, pools and journals one raw transaction; answers with its hash once it is
+    /// durable and visible to readers. A transaction already pooled answers with its hash.
+    async fn submit(&self, raw: Bytes, origin: Origin) -> Result<B256, SubmitError>;
+}
+
+/// Reads the pool without waiting for writers.
+pub trait PoolView: Send + std::marker::Sync + 'static {
+    /// The latest published snapshot.
+    fn snapshot(&self) -> Arc<Snapshot>;
+
+    /// A pooled transaction by hash.
+    fn get(&self, hash: &B256) -> Option<Arc<Pooled>> {
+        self.snapshot().by_hash.get(hash).cloned()
+    }
+
+    /// `eth_getTransactionCount(sender, "pending")` when the pool holds the sender's transactions.
+    fn pending_nonce(&self, sender: &Address) -> Option<u64> {
+        self.snapshot().senders.get(sender).map(|v| v.pending_nonce)
+    }
+}
+
+/// The mempool.
+pub struct Mempool {
+    /// `None` until the chain id is known (the upstream may be down at start).
+    pub(crate) rules: ArcSwapOption<Rules>,
+    pub(crate) snapshot: Arc<ArcSwap<Snapshot>>,
+    pub(crate) statuses: Statuses,
+    pub(crate) commands: std::sync::mpsc::Sender<Command>,
+    pub(crate) state: StateReader,
+    pub(crate) upstream: Arc<dyn Upstreams>,
+    pub(crate) config: MempoolConfig,
+    pending_events: broadcast::Sender<Arc<Pooled>>,
+    inflight: Semaphore,
+}
+
+impl Mempool {
+    /// Starts the mempool in front of `upstream` (used for account state, relay and blocks),
+    /// following `feed`; replays the journal before returning.
+    pub async fn start(
+        config: MempoolConfig,
+        upstream: Arc<dyn Upstreams>,
+        feed: &HeadFeed,
+    ) -> Result<Arc<Mempool>, String> {
+        let (journal, replay) = match &config.journal {
+            Some(path) => {
+                let (journal, raws) = Journal::open(path, config.sync)
+                    .map_err(|e| format!("cannot open the mempool journal {}: {e}", path.display()))?;
+                (Some(journal), raws)
+            }
+            None => (None, Vec::new()),
+        };
+        let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
+        let statuses = Statuses::new(config.status_capacity);
+        let (relay_tx, relay_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (pending_events, _) = broadcast::channel(16_384);
+        let pool = Pool::new(config.pool.clone());
+        let writer = Writer {
+            pool,
+            journal,
+            snapshot: snapshot.clone(),
+            statuses: statuses.clone(),
+            relay: relay_tx,
+            pending_events: pending_events.clone(),
+            txs: Default::default(),
+            journal_records: 0,
+            dirty: Default::default(),
+        };
+        let (commands, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("mempool-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| format!("cannot start the mempool writer: {e}"))?;
+        let state = StateReader::spawn(upstream.clone(), feed.view.clone(), config.state_timeout);
+        let mempool = Arc::new(Mempool {
+            rules: ArcSwapOption::empty(),
+            snapshot,
+            statuses,
+            commands,
+            state,
+            upstream,
+            inflight: Semaphore::new(config.max_inflight),
+            pending_events,
+            config,
+        });
+        if mempool.config.relay {
+            tokio::spawn(crate::relay::run(mempool.clone(), relay_rx));
+        }
+        // Learn the chain, then follow it and replay the journal. Inline when the upstream
+        // answers, so a restarted sluice serves its journaled transactions from the first
+        // request; in the background (retrying) when it does not, so sluice still starts.
+        let events = feed.events.subscribe();
+        match tokio::time::timeout(Duration::from_secs(3), crate::maintain::fetch_chain(mempool.upstream.as_ref()))
+            .await
+        {
+            Ok(Ok(chain)) => mempool.begin(chain, events, replay).await,
+            outcome => {
+                let why = match outcome {
+                    Ok(Err(e)) => e,
+                    _ => "timed out".to_owned(),
+                };
+                tracing::warn!(error = %why, "mempool: cannot read the chain yet; retrying in the background");
+                let mempool = mempool.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        match crate::maintain::fetch_chain(mempool.upstream.as_ref()).await {
+                            Ok(chain) => {
+                                tracing::info!(
+                                    chain_id = chain.chain_id,
+                                    "mempool: chain known; accepting transactions"
+                                );
+                                mempool.begin(chain, events, replay).await;
+                                return;
+                            }
+                            Err(e) => tracing::debug!(error = %e, "mempool: still cannot read the chain"),
+                        }
+                    }
+                });
+            }
+        }
+        Ok(mempool)
+    }
+
+    /// Sets the rules for this chain, starts head maintenance and replays the journal.
+    async fn begin(
+        self: &Arc<Self>,
+        chain: crate::maintain::ChainInfo,
+        events: broadcast::Receiver<sluice_chain::ChainEvent>,
+        replay: Vec<Vec<u8>>,
+    ) {
+        let max_size = self.config.max_tx_bytes;
+        self.rules.store(Some(Arc::new(Rules {
+            chain_id: chain.chain_id,
+            max_size,
+            block_gas_limit: chain.gas_limit,
+        })));
+        let (reply, done) = oneshot::channel();
+        let block =
+            Command::Block { number: chain.number, advanced: Vec::new(), base_fee: Some(chain.next_base_fee), reply };
+        let _ = self.commands.send(block);
+        let _ = done.await;
+        tokio::spawn(crate::maintain::run(self.clone(), events, chain.number));
+        self.replay(replay).await;
+    }
+
+    /// Re-validates the journal's transactions into the pool, then compacts the journal.
+    async fn replay(&self, raws: Vec<Vec<u8>>) {
+        if raws.is_empty() {
+            return;
+        }
+        let total = raws.len();
+        let results = futures_util::future::join_all(
+            raws.into_iter().map(|raw| self.submit_with(Bytes::from(raw), Origin::Rpc, false)),
+        )
+        .await;
+        let kept = results.iter().filter(|r| r.is_ok()).count();
+        let (tx, rx) = oneshot::channel();
+        let _ = self.commands.send(Command::Compact(tx));
+        let _ = rx.await;
+        tracing::info!(journaled = total, kept, "mempool journal replayed");
+        metrics::counter!("sluice_mempool_replayed_total").increment(kept as u64);
+    }
+
+    /// Subscribes to transactions as they become executable (`newPendingTransactions`).
+    pub fn subscribe_pending(&self) -> broadcast::Receiver<Arc<Pooled>> {
+        self.pending_events.subscribe()
+    }
+
+    /// Where a transaction is: pooled (pending or queued), or why it left.
+    pub fn status_of(&self, hash: &B256) -> serde_json::Value {
+        let snapshot = self.snapshot();
+        if let Some(p) = snapshot.by_hash.get(hash) {
+            let pending =
+                snapshot.senders.get(&p.tx.sender).is_some_and(|v| v.pending.iter().any(|t| t.tx.hash == *hash));
+            return serde_json::json!({ "hash": hash, "status": if pending { "pending" } else { "queued" } });
+        }
+        match self.statuses.get(hash) {
+            Some(status) => status.to_json(hash),
+            None => serde_json::json!({ "hash": hash, "status": "unknown" }),
+        }
+    }
+
+    /// The validation rules in force, once the chain is known.
+    pub fn rules(&self) -> Option<Arc<Rules>> {
+        self.rules.load_full()
+    }
+
+    pub(crate) async fn submit_with(&self, raw: Bytes, origin: Origin, journal: bool) -> Result<B256, SubmitError> {
+        let _permit = self.inflight.try_acquire().map_err(|_| SubmitError::Busy)?;
+        let rules = self.rules.load_full().ok_or_else(|| {
+            SubmitError::Unavailable("the chain id is not known yet (the upstream has not answered)".into())
+        })?;
+        // Decoding and sender recovery run here, in the submitter's task, in parallel with
+        // every other submitter and before anything is locked.
+        let (tx, envelope) = decode(&raw, &rules, Instant::now()).inspect_err(|e| {
+            metrics::counter!("sluice_mempool_refused_total", "reason" => e.label()).increment(1);
+        })?;
+        let hash = tx.hash;
+        if self.snapshot.load().by_hash.contains_key(&hash) {
+            return Ok(hash);
+        }
+        let (nonce, balance) = self.state.get(tx.sender).await.map_err(SubmitError::Unavailable)?;
+        let (reply, answer) = oneshot::channel();
+        let pooled = Arc::new(Pooled { tx, raw, envelope });
+        let submission = Submission { pooled, nonce, balance, journal, reply: Some(reply) };
+        self.commands
+            .send(Command::Insert(submission))
+            .map_err(|_| SubmitError::Unavailable("the mempool is stopping".into()))?;
+        let result = answer.await.map_err(|_| SubmitError::Unavailable("the mempool is stopping".into()))?;
+        match result {
+            Ok(_) | Err(InsertError::AlreadyKnown) => {
+                tracing::debug!(%hash, ?origin, "transaction pooled");
+                Ok(hash)
+            }
+            Err(InsertError::NonceTooLow { .. }) if origin == Origin::Reorg => {
+                // Included again by the new chain.
+                self.statuses.record(hash, TxStatus::Mined { block: None });
+                Err(result.unwrap_err().into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+#[async_trait]
+impl TxIntake for Mempool {
+    async fn submit(&self, raw: Bytes, origin: Origin) -> Result<B256, SubmitError> {
+        self.submit_with(raw, origin, true).await
+    }
+}
+
+impl PoolView for Mempool {
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+}

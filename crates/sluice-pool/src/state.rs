@@ -1,0 +1,122 @@
+//! Account state (nonce and balance) at the head, fetched from the upstreams in batches and
+//! cached per head.
+//!
+//! Submitters ask for their sender's state; concurrent misses are gathered by one task into a
+//! single JSON-RPC batch (`eth_getTransactionCount` + `eth_getBalance` per address), so a
+//! burst of new senders costs one round trip, not one per transaction. Entries are keyed by
+//! head height, so a new head makes every cached state stale at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use alloy_primitives::{Address, U256};
+use serde_json::value::RawValue;
+use sluice_jsonrpc::{Id, Outcome, Request};
+use sluice_upstream::{Answer, Upstreams};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// An account's nonce and balance at the head.
+pub type AccountState = (u64, U256);
+
+type Waiter = oneshot::Sender<Result<AccountState, String>>;
+
+/// Most addresses per upstream batch.
+const MAX_ADDRESSES: usize = 256;
+
+/// The fetcher's handle.
+#[derive(Clone)]
+pub struct StateReader {
+    requests: mpsc::Sender<(Address, Waiter)>,
+    cache: moka::sync::Cache<(u64, u64, Address), AccountState>,
+    head: watch::Receiver<Arc<sluice_chain::ChainView>>,
+}
+
+impl StateReader {
+    /// Starts the fetching task on `upstream`; `head` tells which head the cache is for.
+    pub fn spawn(
+        upstream: Arc<dyn Upstreams>,
+        head: watch::Receiver<Arc<sluice_chain::ChainView>>,
+        timeout: Duration,
+    ) -> Self {
+        let (requests, rx) = mpsc::channel(65_536);
+        let cache = moka::sync::Cache::new(1 << 20);
+        tokio::spawn(fetch_loop(upstream, rx, timeout));
+        Self { requests, cache, head }
+    }
+
+    /// The sender's state at the current head.
+    pub async fn get(&self, address: Address) -> Result<AccountState, String> {
+        // Keyed by height and reorg epoch: a reorg back to the same height is another head.
+        let head = {
+            let view = self.head.borrow();
+            (view.latest().map_or(0, |(n, _)| n), view.epoch)
+        };
+        if let Some(state) = self.cache.get(&(head.0, head.1, address)) {
+            return Ok(state);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.requests.send((address, tx)).await.map_err(|_| "account state reader stopped".to_owned())?;
+        let state = rx.await.map_err(|_| "account state reader stopped".to_owned())??;
+        self.cache.insert((head.0, head.1, address), state);
+        Ok(state)
+    }
+
+    /// Several senders' states at once (one upstream batch for all the misses).
+    pub async fn get_many(&self, addresses: &[Address]) -> Vec<Result<AccountState, String>> {
+        futures_util::future::join_all(addresses.iter().map(|a| self.get(*a))).await
+    }
+}
+
+async fn fetch_loop(upstream: Arc<dyn Upstreams>, mut rx: mpsc::Receiver<(Address, Waiter)>, timeout: Duration) {
+    let mut batch = Vec::with_capacity(MAX_ADDRESSES);
+    while rx.recv_many(&mut batch, MAX_ADDRESSES).await > 0 {
+        let waiters = std::mem::take(&mut batch);
+        let upstream = upstream.clone();
+        // Each batch in its own task: a slow node must not hold up the next batch.
+        tokio::spawn(async move {
+            let addresses: Vec<Address> = waiters.iter().map(|(a, _)| *a).collect();
+            let answers = tokio::time::timeout(timeout, fetch(upstream.as_ref(), &addresses)).await;
+            let answers = match answers {
+                Ok(answers) => answers,
+                Err(_) => vec![Err("timed out reading account state from the upstream".to_owned()); addresses.len()],
+            };
+            for ((_, waiter), answer) in waiters.into_iter().zip(answers) {
+                let _ = waiter.send(answer);
+            }
+        });
+    }
+}
+
+/// One JSON-RPC batch: nonce and balance of each address at `latest`.
+async fn fetch(upstream: &dyn Upstreams, addresses: &[Address]) -> Vec<Result<AccountState, String>> {
+    let mut requests = Vec::with_capacity(addresses.len() * 2);
+    for (i, address) in addresses.iter().enumerate() {
+        let params = RawValue::from_string(format!(r#"["{address}","latest"]"#)).ok();
+        requests.push(Request::new(Some(Id::number(2 * i as u64)), "eth_getTransactionCount", params.clone()));
+        requests.push(Request::new(Some(Id::number(2 * i as u64 + 1)), "eth_getBalance", params));
+    }
+    let refs: Vec<&Request> = requests.iter().collect();
+    let answers = upstream.call_batch(&refs).await;
+    let mut out = Vec::with_capacity(addresses.len());
+    let mut answers = answers.into_iter();
+    while let (Some(nonce), Some(balance)) = (answers.next(), answers.next()) {
+        out.push(match (quantity(nonce), quantity(balance)) {
+            (Ok(n), Ok(b)) => u64::try_from(n).map(|n| (n, b)).map_err(|_| "nonce out of range".to_owned()),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        });
+    }
+    out.resize(addresses.len(), Err("the upstream answered too few calls".to_owned()));
+    out
+}
+
+fn quantity(answer: Result<Answer, sluice_upstream::UpstreamError>) -> Result<U256, String> {
+    match answer {
+        Ok(Answer { outcome: Outcome::Result(raw), .. }) => {
+            let text: String = serde_json::from_str(raw.get()).map_err(|_| "not a quantity".to_owned())?;
+            let digits = text.strip_prefix("0x").ok_or("not a quantity")?;
+            U256::from_str_radix(digits, 16).map_err(|_| "not a quantity".to_owned())
+        }
+        Ok(Answer { outcome: Outcome::Error(raw), .. }) => Err(format!("upstream error: {}", raw.get())),
+        Err(e) => Err(e.to_string()),
+    }
+}
