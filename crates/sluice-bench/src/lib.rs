@@ -12,3 +12,4 @@ pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod stats;
+pub mod txgen;

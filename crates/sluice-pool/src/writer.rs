@@ -258,10 +258,12 @@ impl Writer {
         changes.touched.extend(self.dirty.drain());
         let old = self.snapshot.load_full();
         let mut next = Snapshot::clone(&old);
-        let senders: Vec<Address> =
-            if changes.all { self.pool.senders().copied().collect() } else { changes.touched.into_iter().collect() };
+        // Every sender whose view may differ: those touched, and on a base fee move all of
+        // them, including those that just left (their entries must go too).
+        let mut senders = changes.touched;
         if changes.all {
-            next.senders.retain(|a, _| self.pool.pending_nonce(a).is_some());
+            senders.extend(self.pool.senders().copied());
+            senders.extend(old.senders.keys().copied());
         }
         let mut newly_pending = Vec::new();
         for sender in senders {

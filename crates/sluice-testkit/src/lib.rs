@@ -209,6 +209,12 @@ impl Sluice {
         format!("ws://{}", self.addr)
     }
 
+    /// Kills the process at once (SIGKILL, as `kill -9`): no drain, no cleanup.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM, as an operator or a service manager would.
     pub fn terminate(&self) {
         let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill runs");
