@@ -54,6 +54,17 @@ impl Default for Limits {
     }
 }
 
+/// A subscription's notifications (each one the `result` of an `eth_subscription` message).
+pub type FeedStream = futures_util::stream::BoxStream<'static, Box<serde_json::value::RawValue>>;
+
+/// Subscriptions sluice serves itself instead of relaying them from an upstream socket (the
+/// mempool's `newPendingTransactions`).
+pub trait LocalFeeds: Send + Sync + 'static {
+    /// The notifications for these `eth_subscribe` params, or `None` when they are not
+    /// served locally (they then go upstream).
+    fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream>;
+}
+
 /// Everything a request handler needs, shared by all connections.
 pub struct Gateway {
     /// The request pipeline.
@@ -69,6 +80,8 @@ pub struct Gateway {
     /// Open WebSocket sessions, bounded by `limits.max_connections` (an upgraded connection
     /// leaves the HTTP connection count, so it is counted here instead).
     pub sessions: Arc<tokio::sync::Semaphore>,
+    /// Subscriptions answered locally, checked before going upstream.
+    pub local_feeds: Option<Arc<dyn LocalFeeds>>,
 }
 
 impl Gateway {
@@ -86,6 +99,18 @@ impl Gateway {
             upstream_timeout,
             limits,
             metrics: telemetry::prometheus(),
+            local_feeds: None,
         })
+    }
+
+    /// The same gateway, with locally served subscriptions.
+    pub fn with_local_feeds(self: Arc<Self>, feeds: Arc<dyn LocalFeeds>) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut gateway) => {
+                gateway.local_feeds = Some(feeds);
+                Arc::new(gateway)
+            }
+            Err(shared) => shared,
+        }
     }
 }

@@ -42,11 +42,14 @@ pub async fn session(socket: WebSocket, gateway: Arc<Gateway>, mut shutdown: wat
             }
         }
     });
+    let (local_tx, mut local_rx) = mpsc::channel(OUTBOX);
     let mut session = Session {
         gateway,
         outbox,
         subscriptions: Subscriptions::default(),
         calls: Arc::new(Semaphore::new(CALLS_PER_SOCKET)),
+        local: HashMap::new(),
+        local_tx,
     };
     let close = loop {
         tokio::select! {
@@ -59,6 +62,11 @@ pub async fn session(socket: WebSocket, gateway: Arc<Gateway>, mut shutdown: wat
                 };
                 session.on_message(&body).await;
             }
+            Some((client_id, result)) = local_rx.recv() => {
+                if session.local.contains_key(&client_id) && !session.notify(&client_id, &result) {
+                    break Some((1008, "client too slow to take its subscription events"));
+                }
+            }
             event = session.subscriptions.next_notification() => match event {
                 Some(event) => {
                     if !session.forward(event) {
@@ -70,6 +78,9 @@ pub async fn session(socket: WebSocket, gateway: Arc<Gateway>, mut shutdown: wat
             _ = shutdown.changed() => break Some((1001, "server shutting down")),
         }
     };
+    for (_, task) in session.local.drain() {
+        task.abort();
+    }
     session.subscriptions.close().await;
     if let Some((code, reason)) = close {
         let _ = session.outbox.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
@@ -84,6 +95,9 @@ struct Session {
     outbox: mpsc::Sender<Message>,
     subscriptions: Subscriptions,
     calls: Arc<Semaphore>,
+    /// Locally served subscriptions by client id, each pumped by a task into `local_tx`.
+    local: HashMap<String, tokio::task::AbortHandle>,
+    local_tx: mpsc::Sender<(String, Box<RawValue>)>,
 }
 
 impl Session {
@@ -133,12 +147,15 @@ impl Session {
 
     async fn subscribe(&mut self, req: &Request) -> Outcome {
         let limit = self.gateway.limits.max_subscriptions_per_socket;
-        if self.subscriptions.by_client.len() >= limit {
+        if self.subscriptions.by_client.len() + self.local.len() >= limit {
             return ErrorObject::new(
                 codes::LIMIT_EXCEEDED,
                 format!("too many subscriptions on this connection (limit {limit})"),
             )
             .into();
+        }
+        if let Some(outcome) = self.subscribe_locally(req) {
+            return outcome;
         }
         let Some(url) = self.gateway.subscription_url.as_deref() else {
             return ErrorObject::new(codes::METHOD_NOT_FOUND, "subscriptions are not available: no upstream WebSocket")
@@ -175,6 +192,10 @@ impl Session {
         let Ok((client_id,)) = serde_json::from_str::<(String,)>(req.params_text()) else {
             return ErrorObject::new(codes::INVALID_PARAMS, "expected [subscription id]").into();
         };
+        if let Some(task) = self.local.remove(&client_id) {
+            task.abort();
+            return Outcome::Result(raw("true"));
+        }
         // An id this connection does not hold is answered `false`, never forwarded: ids are
         // per connection, and another client's subscription must stay out of reach.
         let Some(upstream_id) = self.subscriptions.by_client.remove(&client_id) else {
@@ -191,16 +212,39 @@ impl Session {
         }
     }
 
+    /// Serves the subscription locally when a local feed takes these params.
+    fn subscribe_locally(&mut self, req: &Request) -> Option<Outcome> {
+        let feeds = self.gateway.local_feeds.as_ref()?;
+        let params: Vec<serde_json::Value> = serde_json::from_str(req.params_text()).ok()?;
+        let mut stream = feeds.subscribe(&params)?;
+        let client_id = new_subscription_id();
+        let (id, tx) = (client_id.clone(), self.local_tx.clone());
+        let task = tokio::spawn(async move {
+            while let Some(result) = stream.next().await {
+                if tx.send((id.clone(), result)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        self.local.insert(client_id.clone(), task.abort_handle());
+        Some(Outcome::Result(json_string(&client_id)))
+    }
+
     /// Relays an upstream event under the client's id; false when the client cannot keep up.
     fn forward(&self, event: Notification) -> bool {
         let Some(client_id) = self.subscriptions.by_upstream.get(&event.subscription) else {
             return true; // an event racing its unsubscribe
         };
-        let mut body = Vec::with_capacity(96 + event.result.get().len());
+        self.notify(client_id, &event.result)
+    }
+
+    /// Queues one `eth_subscription` message; false when the client cannot keep up.
+    fn notify(&self, client_id: &str, result: &RawValue) -> bool {
+        let mut body = Vec::with_capacity(96 + result.get().len());
         body.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":\"eth_subscription\",\"params\":{\"subscription\":");
         body.extend_from_slice(json_string(client_id).get().as_bytes());
         body.extend_from_slice(b",\"result\":");
-        body.extend_from_slice(event.result.get().as_bytes());
+        body.extend_from_slice(result.get().as_bytes());
         body.extend_from_slice(b"}}");
         self.outbox.try_send(text(body)).is_ok()
     }

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use sluice_cache::{CacheLayer, RedisConfig, RedisTier};
-use sluice_gateway::{Gateway, Limits};
+use sluice_gateway::{FeedStream, Gateway, Limits, LocalFeeds};
 use std::time::Duration;
 
 use sluice_jsonrpc::{Id, Outcome, Request};
@@ -51,10 +51,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     if let (true, Some(feed)) = (config.cache.enabled, &feed) {
         upstreams = with_cache(&config, upstreams, feed)?;
     }
+    let mut mempool = None;
     if let (true, Some(feed)) = (config.mempool.enabled, &feed) {
-        upstreams = with_mempool(&config, upstream, upstreams, feed).await?;
+        let (layer, pool) = with_mempool(&config, upstream, upstreams, feed).await?;
+        upstreams = layer;
+        mempool = Some(pool);
     }
-    let gateway = Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits));
+    let mut gateway = Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits));
+    if let Some(mempool) = mempool {
+        gateway = gateway.with_local_feeds(Arc::new(PendingTransactions(mempool)));
+    }
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
@@ -132,13 +138,44 @@ async fn with_mempool(
     upstream: Arc<dyn Upstreams>,
     inner: Arc<dyn Upstreams>,
     feed: &HeadFeed,
-) -> anyhow::Result<Arc<dyn Upstreams>> {
+) -> anyhow::Result<(Arc<dyn Upstreams>, Arc<Mempool>)> {
     let settings = MempoolConfig::try_from(&config.mempool).map_err(anyhow::Error::msg)?;
     if let Some(dir) = settings.journal.as_deref().and_then(|p| p.parent()).filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
     }
     let mempool = Mempool::start(settings, upstream, feed).await.map_err(anyhow::Error::msg)?;
-    Ok(Arc::new(MempoolLayer::new(inner, mempool)))
+    Ok((Arc::new(MempoolLayer::new(inner, mempool.clone())), mempool))
+}
+
+/// `eth_subscribe("newPendingTransactions"[, true])` from the mempool: hashes, or full
+/// transactions when asked, as they become executable.
+struct PendingTransactions(Arc<Mempool>);
+
+impl LocalFeeds for PendingTransactions {
+    fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream> {
+        if params.first()?.as_str()? != "newPendingTransactions" {
+            return None;
+        }
+        let full = params.get(1).and_then(serde_json::Value::as_bool).unwrap_or(false);
+        let events = self.0.subscribe_pending();
+        let stream = futures_util::stream::unfold(events, move |mut events| async move {
+            loop {
+                match events.recv().await {
+                    Ok(tx) => {
+                        let value = if full { tx.to_rpc() } else { serde_json::json!(tx.tx.hash) };
+                        let raw = serde_json::value::to_raw_value(&value).ok()?;
+                        return Some((raw, events));
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        // Counted, not silent: this subscriber fell behind the pool's event feed.
+                        metrics::counter!("sluice_pending_subscription_missed_total").increment(missed);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Some(Box::pin(stream))
+    }
 }
 
 /// Wraps the upstream in the cache, fed by the head watcher.

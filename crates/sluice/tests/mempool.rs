@@ -311,3 +311,60 @@ async fn read_your_write_holds_for_1000_concurrent_senders() {
     let status = rpc_result(&client, &url, "txpool_status", json!([])).await;
     assert_eq!(status["pending"], "0x3e8");
 }
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The next text message as JSON, within two seconds.
+async fn next_message(ws: &mut Socket) -> Value {
+    use futures_util::StreamExt;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(2), ws.next())
+            .await
+            .expect("a message within 2 s")
+            .expect("socket open")
+            .expect("message ok");
+        if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
+            return serde_json::from_str(&text).expect("JSON");
+        }
+    }
+}
+
+async fn subscribe(ws: &mut Socket, id: u64, params: Value) -> String {
+    use futures_util::SinkExt;
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "eth_subscribe", "params": params});
+    ws.send(tokio_tungstenite::tungstenite::Message::text(body.to_string())).await.expect("sent");
+    let answer = next_message(ws).await;
+    answer["result"].as_str().unwrap_or_else(|| panic!("subscribed: {answer}")).to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_pending_transactions_are_announced_from_the_pool_as_hashes_or_full() {
+    let (_anvil, sluice) = manual_chain();
+    let client = reqwest::Client::new();
+    let (mut hashes, _) = tokio_tungstenite::connect_async(sluice.ws_url()).await.unwrap();
+    let (mut full, _) = tokio_tungstenite::connect_async(sluice.ws_url()).await.unwrap();
+    let hashes_id = subscribe(&mut hashes, 1, json!(["newPendingTransactions"])).await;
+    let full_id = subscribe(&mut full, 1, json!(["newPendingTransactions", true])).await;
+    let w = dev();
+    // Nonce 1 first: queued, so not announced until nonce 0 fills the gap.
+    let (t0, t1) = (w.transfer(0, to(), 1, Fees::default()), w.transfer(1, to(), 1, Fees::default()));
+    send(&client, &sluice.http_url(), &t1).await;
+    send(&client, &sluice.http_url(), &t0).await;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let event = next_message(&mut hashes).await;
+        assert_eq!(event["params"]["subscription"], json!(hashes_id));
+        seen.push(event["params"]["result"].as_str().unwrap().to_owned());
+    }
+    seen.sort();
+    let mut want = vec![format!("{}", t0.hash), format!("{}", t1.hash)];
+    want.sort();
+    assert_eq!(seen, want);
+    let event = next_message(&mut full).await;
+    assert_eq!(event["params"]["subscription"], json!(full_id));
+    let tx = &event["params"]["result"];
+    assert_eq!(
+        (tx["blockHash"].clone(), tx["from"].clone()),
+        (Value::Null, json!(format!("{}", w.address()).to_lowercase()))
+    );
+}
