@@ -366,7 +366,9 @@ impl Pool {
             }
             // Candidates: per sender, its highest pending nonce when pending slots are over the
             // limit, else its highest queued one; never a lower nonce before a higher one.
-            let mut best: Option<(u128, Arc<PoolTx>)> = None;
+            // Senders holding more than their guaranteed `account_slots` go first (as geth
+            // trims them first), then the lowest tip.
+            let mut best: Option<((bool, u128), Arc<PoolTx>)> = None;
             for (address, s) in &self.senders {
                 if self.config.priority_senders.contains(address) {
                     continue;
@@ -380,9 +382,10 @@ impl Pool {
                     None
                 };
                 let Some(candidate) = candidate else { continue };
-                let tip = candidate.effective_tip(self.base_fee);
-                if best.as_ref().is_none_or(|(t, _)| tip < *t) {
-                    best = Some((tip, candidate.clone()));
+                let within_guarantee = !over_slots || pending <= self.config.account_slots;
+                let rank = (within_guarantee, candidate.effective_tip(self.base_fee));
+                if best.as_ref().is_none_or(|(r, _)| rank < *r) {
+                    best = Some((rank, candidate.clone()));
                 }
             }
             let Some((_, victim)) = best else {
@@ -588,6 +591,18 @@ mod tests {
         assert!(p.get(&tx(1, 0, 50).hash).is_some());
         // A pending newcomer cheaper than everything is refused.
         assert_eq!(p.insert(tx(6, 0, 1), 0, rich()), Err(InsertError::Underpriced));
+    }
+
+    #[test]
+    fn when_pending_is_full_senders_beyond_their_guaranteed_slots_are_trimmed_first() {
+        let mut p = Pool::new(Config { global_slots: 4, account_slots: 2, ..Config::default() });
+        for nonce in 0..3 {
+            p.insert(tx(1, nonce, 100), 0, rich()).unwrap(); // pays well, but holds 3 > 2 slots
+        }
+        p.insert(tx(2, 0, 10), 0, rich()).unwrap();
+        let done = p.insert(tx(3, 0, 20), 0, rich()).unwrap();
+        assert_eq!(done.evicted, vec![tx(1, 2, 100).hash], "sender 1's third slot goes, not the cheaper sender 2");
+        assert_eq!(p.status(), Status { pending: 4, queued: 0 });
     }
 
     #[test]

@@ -1,0 +1,207 @@
+//! `cargo bench -p sluice-pool --bench mempool`
+//!
+//! The mempool's own speed, in process, over the FAKE fixed chain (no node: account state
+//! answers at once, relay off), side by side in one run:
+//! 1. decoding with sender recovery, one thread vs two;
+//! 2. inserts through the whole intake (decode, recover, state, single writer, journal,
+//!    publish, answer): one submitter at a time ("single": every batch holds one
+//!    transaction) vs 512 concurrent submitters ("batched"), and batched with fsync;
+//! 3. reads (`get` by hash + pending nonce from the snapshot) with and without ingest.
+//!
+//! Transactions are real: EIP-1559 transfers signed with alloy's local signer.
+
+#[path = "../tests/support/fixed_chain.rs"]
+mod fixed_chain;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use alloy_primitives::{Address, Bytes, B256};
+use fixed_chain::FixedChain;
+use sluice_bench::txgen::{Fees, SignedTx, Wallet};
+use sluice_pool::journal::Sync;
+use sluice_pool::{Mempool, MempoolConfig, Origin, PoolView, Rules, TxIntake};
+use sluice_upstream::HeadFeed;
+
+const SENDERS: u64 = 2_000;
+const NONCES: u64 = 10;
+
+fn sign_all(first_sender: u64) -> Vec<SignedTx> {
+    let senders: Vec<u64> = (first_sender..first_sender + SENDERS).collect();
+    let halves: Vec<Vec<SignedTx>> = std::thread::scope(|s| {
+        let handles: Vec<_> = senders
+            .chunks(senders.len().div_ceil(2))
+            .map(|chunk| {
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    for nonce in 0..NONCES {
+                        for &n in chunk {
+                            out.push(Wallet::numbered(n, 31337).transfer(nonce, Address::ZERO, 1, Fees::default()));
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("signing thread")).collect()
+    });
+    halves.into_iter().flatten().collect()
+}
+
+/// Sender recovery alone (libsecp256k1 through alloy), one thread: the floor under decoding.
+fn recover_rate(txs: &[SignedTx]) -> f64 {
+    use alloy_consensus::transaction::SignerRecoverable;
+    use alloy_eips::eip2718::Decodable2718;
+    let envelopes: Vec<alloy_consensus::TxEnvelope> =
+        txs.iter().map(|t| alloy_consensus::TxEnvelope::decode_2718(&mut &t.raw[..]).expect("valid")).collect();
+    let started = Instant::now();
+    for e in &envelopes {
+        e.recover_signer().expect("recoverable");
+    }
+    txs.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+fn decode_rate(txs: &[SignedTx], threads: usize) -> f64 {
+    let rules = Rules { chain_id: 31337, ..Rules::default() };
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for chunk in txs.chunks(txs.len().div_ceil(threads)) {
+            let rules = &rules;
+            s.spawn(move || {
+                for t in chunk {
+                    sluice_pool::decode(&t.raw, rules, Instant::now()).expect("valid");
+                }
+            });
+        }
+    });
+    txs.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn mempool(sync: Sync, dir: &std::path::Path, name: &str) -> Arc<Mempool> {
+    let (feed, keep) = HeadFeed::fixed(Default::default());
+    std::mem::forget(keep);
+    let mut config = MempoolConfig { relay: false, sync, journal: Some(dir.join(name)), ..MempoolConfig::default() };
+    config.pool.global_slots = 1 << 20;
+    config.pool.global_queue = 1 << 20;
+    Mempool::start(config, Arc::new(FixedChain::default()), &feed).await.expect("mempool starts")
+}
+
+async fn insert_single(mempool: &Arc<Mempool>, txs: &[SignedTx]) -> f64 {
+    let started = Instant::now();
+    for t in txs {
+        mempool.submit(Bytes::from(t.raw.clone()), Origin::Rpc).await.expect("accepted");
+    }
+    txs.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn insert_batched(mempool: &Arc<Mempool>, txs: &[SignedTx], concurrency: usize) -> f64 {
+    let started = Instant::now();
+    let queue = Arc::new(std::sync::Mutex::new(txs.iter().map(|t| Bytes::from(t.raw.clone())).collect::<Vec<_>>()));
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (mempool, queue) = (mempool.clone(), queue.clone());
+            tokio::spawn(async move {
+                loop {
+                    let next = queue.lock().expect("queue").pop();
+                    let Some(raw) = next else { return };
+                    mempool.submit(raw, Origin::Rpc).await.expect("accepted");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("worker");
+    }
+    txs.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Reader tasks looking up pooled hashes and senders for `run`; returns (reads/s, p50, p99).
+async fn read_for(
+    mempool: &Arc<Mempool>,
+    hashes: Arc<Vec<(B256, Address)>>,
+    run: Duration,
+) -> (f64, Duration, Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (mempool, hashes, stop) = (mempool.clone(), hashes.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(1 << 20);
+                let mut i = r * 7919;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..64 {
+                        let (hash, sender) = hashes[i % hashes.len()];
+                        i += 1;
+                        let t = Instant::now();
+                        let found = mempool.get(&hash).is_some() && mempool.pending_nonce(&sender).is_some();
+                        latencies.push(t.elapsed());
+                        assert!(found, "a pooled transaction is always readable");
+                    }
+                    tokio::task::yield_now().await;
+                }
+                latencies
+            })
+        })
+        .collect();
+    tokio::time::sleep(run).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for r in readers {
+        all.extend(r.await.expect("reader"));
+    }
+    all.sort_unstable();
+    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+    (all.len() as f64 / run.as_secs_f64(), pct(0.50), pct(0.99))
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    println!("signing {} transactions ({SENDERS} senders × {NONCES} nonces)…", SENDERS * NONCES);
+    let batch_a = sign_all(0);
+    let batch_b = sign_all(SENDERS);
+    let batch_c = sign_all(2 * SENDERS);
+    let batch_d = sign_all(3 * SENDERS);
+
+    let recover_1 = recover_rate(&batch_a);
+    let decode_1 = decode_rate(&batch_a, 1);
+    let decode_2 = decode_rate(&batch_a, 2);
+
+    runtime.block_on(async {
+        let single_pool = mempool(Sync::Os, dir.path(), "single.journal").await;
+        let single = insert_single(&single_pool, &batch_a[..5_000]).await;
+        let batched_pool = mempool(Sync::Os, dir.path(), "batched.journal").await;
+        let batched = insert_batched(&batched_pool, &batch_b, 512).await;
+        let fsync_pool = mempool(Sync::Always, dir.path(), "fsync.journal").await;
+        let fsync = insert_batched(&fsync_pool, &batch_c, 512).await;
+
+        // Reads against the batched pool (20,000 pooled), alone and while batch D streams in.
+        let pooled: Arc<Vec<(B256, Address)>> = Arc::new(
+            batch_b.iter().map(|t| (t.hash, batched_pool.get(&t.hash).expect("pooled").tx.sender)).collect(),
+        );
+        let (alone_rate, alone_p50, alone_p99) = read_for(&batched_pool, pooled.clone(), Duration::from_secs(2)).await;
+        let ingest = {
+            let (pool, txs) = (batched_pool.clone(), batch_d.clone());
+            tokio::spawn(async move { insert_batched(&pool, &txs, 512).await })
+        };
+        let (busy_rate, busy_p50, busy_p99) = read_for(&batched_pool, pooled, Duration::from_secs(2)).await;
+        let ingest_rate = ingest.await.expect("ingest");
+
+        println!();
+        println!("| measure | value |");
+        println!("|---|---|");
+        println!("| sender recovery alone, 1 thread | {recover_1:.0} tx/s |");
+        println!("| decode + recover, 1 thread | {decode_1:.0} tx/s |");
+        println!("| decode + recover, 2 threads | {decode_2:.0} tx/s |");
+        println!("| insert, single (1 submitter, 5,000 txs) | {single:.0} tx/s |");
+        println!("| insert, batched (512 submitters, 20,000 txs) | {batched:.0} tx/s |");
+        println!("| batched / single | {:.1}× |", batched / single);
+        println!("| insert, batched, fsync per batch | {fsync:.0} tx/s |");
+        println!("| reads alone (2 readers) | {alone_rate:.0} reads/s, p50 {alone_p50:?}, p99 {alone_p99:?} |");
+        println!(
+            "| reads during ingest ({ingest_rate:.0} tx/s) | {busy_rate:.0} reads/s, p50 {busy_p50:?}, p99 {busy_p99:?} |"
+        );
+        println!("| read p99, with / without ingest | {:.2}× |", busy_p99.as_secs_f64() / alone_p99.as_secs_f64());
+    });
+}
