@@ -110,6 +110,7 @@ impl RpcArgs {
             max_in_flight: self.max_in_flight,
             progress: !self.json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
             seed: self.seed,
+            sequence: None,
         })
     }
 }

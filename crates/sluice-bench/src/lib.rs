@@ -7,6 +7,7 @@
 //! * [`cli`]: the `sluice bench rpc` arguments.
 
 pub mod cli;
+pub mod ingest;
 pub mod mix;
 pub mod report;
 pub mod run;

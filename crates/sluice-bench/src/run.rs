@@ -37,6 +37,9 @@ pub struct Plan {
     pub progress: bool,
     /// Seed for the method mix.
     pub seed: u64,
+    /// A fixed sequence of calls sent in order instead of drawing from the mix (signed
+    /// transactions, each sendable once); the run stops when it is used up.
+    pub sequence: Option<Arc<Vec<Request>>>,
 }
 
 /// A connection to the target.
@@ -93,12 +96,29 @@ impl Client {
     }
 }
 
+/// `rpc CODE`, with the message's wording for server errors (-32000…-32099: pool refusals
+/// such as "nonce too low"), numbers left out so the reasons group.
 fn rpc_reason(raw: &RawValue) -> String {
-    let code = serde_json::from_str::<serde_json::Value>(raw.get()).ok().and_then(|v| v["code"].as_i64());
-    code.map_or("rpc error".into(), |c| format!("rpc {c}"))
+    let error = serde_json::from_str::<serde_json::Value>(raw.get()).unwrap_or_default();
+    match error["code"].as_i64() {
+        Some(c) if (-32099..=-32000).contains(&c) => {
+            let message = error["message"].as_str().unwrap_or_default();
+            let wording = message.split(':').next().unwrap_or_default().trim();
+            if wording.is_empty() {
+                format!("rpc {c}")
+            } else {
+                format!("rpc {c} {wording}")
+            }
+        }
+        Some(c) => format!("rpc {c}"),
+        None => "rpc error".into(),
+    }
 }
 
-fn draw(plan: &Plan, rng: &mut fastrand::Rng) -> Vec<Request> {
+fn draw(plan: &Plan, rng: &mut fastrand::Rng, n: u64) -> Vec<Request> {
+    if let Some(sequence) = &plan.sequence {
+        return sequence.get(n as usize).cloned().into_iter().collect();
+    }
     (0..plan.batch.max(1))
         .map(|i| {
             let (method, params) = plan.mix.draw(rng);
@@ -137,7 +157,12 @@ pub async fn run_raw(plan: &Plan) -> anyhow::Result<(Recorder, Duration, Option<
     let client = Arc::new(Client::connect(plan, sockets).await?);
     // Preflight: a target that cannot be reached is an error before any load.
     let mut rng = fastrand::Rng::with_seed(plan.seed);
-    if let Err(reason) = client.send(draw(plan, &mut rng), 0).await {
+    let preflight = match plan.sequence {
+        // A sequence's calls are sendable once each: probe with a harmless call instead.
+        Some(_) => vec![Request::new(Some(Id::number(0)), "eth_chainId", None)],
+        None => draw(plan, &mut rng, 0),
+    };
+    if let Err(reason) = client.send(preflight, 0).await {
         if reason == "connection failed" || reason == "timeout" {
             anyhow::bail!("cannot reach {}: {reason}", plan.url);
         }
@@ -183,19 +208,21 @@ async fn closed(
     recorder: &Arc<Mutex<Recorder>>,
     counters: &Counters,
 ) {
-    let budget = Arc::new(AtomicU64::new(plan.requests.unwrap_or(u64::MAX)));
+    let limit = plan.sequence.as_ref().map_or(u64::MAX, |s| s.len() as u64);
+    let budget = Arc::new(AtomicU64::new(plan.requests.unwrap_or(u64::MAX).min(limit)));
+    let next = Arc::new(AtomicU64::new(0));
     let deadline = start + plan.duration;
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let (plan, client, budget, recorder, counters) =
-            (plan.clone(), client.clone(), budget.clone(), recorder.clone(), counters.clone());
+        let (plan, client, budget, recorder, counters, next) =
+            (plan.clone(), client.clone(), budget.clone(), recorder.clone(), counters.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(plan.seed.wrapping_add(w as u64 + 1));
             let mut n = w as u64;
             while Instant::now() < deadline
                 && budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1)).is_ok()
             {
-                let calls = draw(&plan, &mut rng);
+                let calls = draw(&plan, &mut rng, next.fetch_add(1, Ordering::Relaxed));
                 let sent = Instant::now();
                 let result = client.send(calls, n).await;
                 record(&recorder, &counters, start, sent, result);
@@ -221,7 +248,7 @@ async fn open(plan: &Plan, client: Arc<Client>, start: Instant, recorder: &Arc<M
         let mut rng = fastrand::Rng::with_seed(plan.seed);
         let mut i = 0u64;
         while let Some(offset) = plan.model.intended_offset(i, plan.duration) {
-            if plan.requests.is_some_and(|n| i >= n) {
+            if plan.requests.is_some_and(|n| i >= n) || plan.sequence.as_ref().is_some_and(|s| i >= s.len() as u64) {
                 break;
             }
             let due = start + offset;
@@ -232,7 +259,7 @@ async fn open(plan: &Plan, client: Arc<Client>, start: Instant, recorder: &Arc<M
             if let Ok(mut r) = recorder.lock() {
                 r.record_send_lag(Instant::now().saturating_duration_since(due));
             }
-            let calls = draw(&plan, &mut rng);
+            let calls = draw(&plan, &mut rng, i);
             match permits.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let (client, recorder, counters) = (client.clone(), recorder.clone(), counters.clone());

@@ -21,6 +21,7 @@ fn plan(url: &str, model: Model, duration: Duration) -> Plan {
         max_in_flight: 1000,
         progress: false,
         seed: 1,
+        sequence: None,
     }
 }
 

@@ -24,11 +24,23 @@ use sluice_pool::journal::Sync;
 use sluice_pool::{Mempool, MempoolConfig, Origin, PoolView, Rules, TxIntake};
 use sluice_upstream::HeadFeed;
 
-const SENDERS: u64 = 2_000;
 const NONCES: u64 = 10;
 
+/// `cargo bench` passes `--bench`; under `cargo test` the same code runs as a quick smoke test.
+fn full_run() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn senders() -> u64 {
+    if full_run() {
+        2_000
+    } else {
+        50
+    }
+}
+
 fn sign_all(first_sender: u64) -> Vec<SignedTx> {
-    let senders: Vec<u64> = (first_sender..first_sender + SENDERS).collect();
+    let senders: Vec<u64> = (first_sender * senders()..(first_sender + 1) * senders()).collect();
     let halves: Vec<Vec<SignedTx>> = std::thread::scope(|s| {
         let handles: Vec<_> = senders
             .chunks(senders.len().div_ceil(2))
@@ -78,10 +90,11 @@ fn decode_rate(txs: &[SignedTx], threads: usize) -> f64 {
     txs.len() as f64 / started.elapsed().as_secs_f64()
 }
 
-async fn mempool(sync: Sync, dir: &std::path::Path, name: &str) -> Arc<Mempool> {
+async fn mempool(sync: Sync, dir: &std::path::Path, name: &str, verify_nice: i32) -> Arc<Mempool> {
     let (feed, keep) = HeadFeed::fixed(Default::default());
     std::mem::forget(keep);
-    let mut config = MempoolConfig { relay: false, sync, journal: Some(dir.join(name)), ..MempoolConfig::default() };
+    let journal = Some(dir.join(name));
+    let mut config = MempoolConfig { relay: false, sync, journal, verify_nice, ..MempoolConfig::default() };
     config.pool.global_slots = 1 << 20;
     config.pool.global_queue = 1 << 20;
     Mempool::start(config, Arc::new(FixedChain::default()), &feed).await.expect("mempool starts")
@@ -158,34 +171,38 @@ async fn read_for(
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let dir = tempfile::tempdir().expect("temp dir");
-    println!("signing {} transactions ({SENDERS} senders × {NONCES} nonces)…", SENDERS * NONCES);
+    println!("signing {} transactions ({} senders × {NONCES} nonces)…", senders() * NONCES, senders());
     let batch_a = sign_all(0);
-    let batch_b = sign_all(SENDERS);
-    let batch_c = sign_all(2 * SENDERS);
-    let batch_d = sign_all(3 * SENDERS);
+    let batch_b = sign_all(1);
+    let batch_c = sign_all(2);
+    let batch_d = sign_all(3);
+    let quarter = batch_a.len() / 4;
+    let read_time = if full_run() { Duration::from_secs(2) } else { Duration::from_millis(200) };
 
     let recover_1 = recover_rate(&batch_a);
     let decode_1 = decode_rate(&batch_a, 1);
     let decode_2 = decode_rate(&batch_a, 2);
 
     runtime.block_on(async {
-        let single_pool = mempool(Sync::Os, dir.path(), "single.journal").await;
-        let single = insert_single(&single_pool, &batch_a[..5_000]).await;
-        let batched_pool = mempool(Sync::Os, dir.path(), "batched.journal").await;
+        let single_pool = mempool(Sync::Os, dir.path(), "single.journal", 10).await;
+        let single = insert_single(&single_pool, &batch_a[..quarter]).await;
+        let normal_pool = mempool(Sync::Os, dir.path(), "normal.journal", 0).await;
+        let normal = insert_batched(&normal_pool, &batch_c, 512).await;
+        let batched_pool = mempool(Sync::Os, dir.path(), "batched.journal", 10).await;
         let batched = insert_batched(&batched_pool, &batch_b, 512).await;
-        let fsync_pool = mempool(Sync::Always, dir.path(), "fsync.journal").await;
-        let fsync = insert_batched(&fsync_pool, &batch_c, 512).await;
+        let fsync_pool = mempool(Sync::Always, dir.path(), "fsync.journal", 10).await;
+        let fsync = insert_batched(&fsync_pool, &batch_a[quarter..], 512).await;
 
         // Reads against the batched pool (20,000 pooled), alone and while batch D streams in.
         let pooled: Arc<Vec<(B256, Address)>> = Arc::new(
             batch_b.iter().map(|t| (t.hash, batched_pool.get(&t.hash).expect("pooled").tx.sender)).collect(),
         );
-        let (alone_rate, alone_p50, alone_p99) = read_for(&batched_pool, pooled.clone(), Duration::from_secs(2)).await;
+        let (alone_rate, alone_p50, alone_p99) = read_for(&batched_pool, pooled.clone(), read_time).await;
         let ingest = {
             let (pool, txs) = (batched_pool.clone(), batch_d.clone());
             tokio::spawn(async move { insert_batched(&pool, &txs, 512).await })
         };
-        let (busy_rate, busy_p50, busy_p99) = read_for(&batched_pool, pooled, Duration::from_secs(2)).await;
+        let (busy_rate, busy_p50, busy_p99) = read_for(&batched_pool, pooled, read_time).await;
         let ingest_rate = ingest.await.expect("ingest");
 
         println!();
@@ -195,9 +212,10 @@ fn main() {
         println!("| decode + recover, 1 thread | {decode_1:.0} tx/s |");
         println!("| decode + recover, 2 threads | {decode_2:.0} tx/s |");
         println!("| insert, single (1 submitter, 5,000 txs) | {single:.0} tx/s |");
-        println!("| insert, batched (512 submitters, 20,000 txs) | {batched:.0} tx/s |");
+        println!("| insert, batched (512 submitters, 20,000 txs; verify_nice = 10, the default) | {batched:.0} tx/s |");
         println!("| batched / single | {:.1}× |", batched / single);
-        println!("| insert, batched, fsync per batch | {fsync:.0} tx/s |");
+        println!("| insert, batched, verifiers at normal priority (verify_nice = 0) | {normal:.0} tx/s |");
+        println!("| insert, batched, fsync per batch (15,000 txs) | {fsync:.0} tx/s |");
         println!("| reads alone (2 readers) | {alone_rate:.0} reads/s, p50 {alone_p50:?}, p99 {alone_p99:?} |");
         println!(
             "| reads during ingest ({ingest_rate:.0} tx/s) | {busy_rate:.0} reads/s, p50 {busy_p50:?}, p99 {busy_p99:?} |"

@@ -21,6 +21,7 @@ pub mod rpc;
 mod service;
 pub mod state;
 pub mod status;
+pub mod verify;
 pub mod view;
 mod writer;
 

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use alloy_primitives::{Address, Bytes, B256};
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -15,9 +15,10 @@ use tokio::sync::{broadcast, oneshot, Semaphore};
 use crate::journal::{Journal, Sync};
 use crate::state::StateReader;
 use crate::status::{Statuses, TxStatus};
+use crate::verify::{Verifier, VerifyError};
 use crate::view::{Pooled, Snapshot};
 use crate::writer::{Command, Submission, Writer};
-use crate::{decode, Config, DecodeError, InsertError, Pool, Rules};
+use crate::{Config, DecodeError, InsertError, Pool, Rules};
 
 /// Mempool settings.
 #[derive(Debug, Clone)]
@@ -40,6 +41,13 @@ pub struct MempoolConfig {
     pub state_timeout: Duration,
     /// Most submissions in flight at once; more are refused as busy.
     pub max_inflight: usize,
+    /// Threads decoding and recovering senders (at a lower CPU priority than the readers).
+    pub verify_threads: usize,
+    /// Transactions waiting for a verifier at most; more are refused as busy.
+    pub verify_queue: usize,
+    /// Niceness of the verifier threads: above 0 the kernel serves the readers first when the
+    /// CPU is short (reads stay fast under overload; ingest peaks lower).
+    pub verify_nice: i32,
     /// How many departed transactions' statuses are remembered.
     pub status_capacity: u64,
 }
@@ -56,6 +64,9 @@ impl Default for MempoolConfig {
             expire_interval: Duration::from_secs(60),
             state_timeout: Duration::from_secs(5),
             max_inflight: 100_000,
+            verify_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            verify_queue: 8_192,
+            verify_nice: 10,
             status_capacity: 1 << 20,
         }
     }
@@ -127,6 +138,7 @@ pub struct Mempool {
     pub(crate) config: MempoolConfig,
     pending_events: broadcast::Sender<Arc<Pooled>>,
     inflight: Semaphore,
+    verifier: Verifier,
 }
 
 impl Mempool {
@@ -160,12 +172,15 @@ impl Mempool {
             txs: Default::default(),
             journal_records: 0,
             dirty: Default::default(),
+            index: Vec::new(),
         };
         let (commands, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("mempool-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| format!("cannot start the mempool writer: {e}"))?;
+        let verifier = Verifier::start(config.verify_threads, config.verify_queue, config.verify_nice)
+            .map_err(|e| format!("cannot start the mempool verifiers: {e}"))?;
         let state = StateReader::spawn(upstream.clone(), feed.view.clone(), config.state_timeout);
         let mempool = Arc::new(Mempool {
             rules: ArcSwapOption::empty(),
@@ -176,6 +191,7 @@ impl Mempool {
             upstream,
             inflight: Semaphore::new(config.max_inflight),
             pending_events,
+            verifier,
             config,
         });
         if mempool.config.relay {
@@ -286,11 +302,20 @@ impl Mempool {
         let rules = self.rules.load_full().ok_or_else(|| {
             SubmitError::Unavailable("the chain id is not known yet (the upstream has not answered)".into())
         })?;
-        // Decoding and sender recovery run here, in the submitter's task, in parallel with
-        // every other submitter and before anything is locked.
-        let (tx, envelope) = decode(&raw, &rules, Instant::now()).inspect_err(|e| {
-            metrics::counter!("sluice_mempool_refused_total", "reason" => e.label()).increment(1);
-        })?;
+        // Decoding and sender recovery run on the verifier threads, in parallel, before
+        // anything is locked, and beside (not in front of) the readers.
+        let (tx, envelope) = match self.verifier.verify(raw.clone(), rules).await {
+            Ok(decoded) => decoded,
+            Err(VerifyError::Invalid(e)) => {
+                metrics::counter!("sluice_mempool_refused_total", "reason" => e.label()).increment(1);
+                return Err(e.into());
+            }
+            Err(VerifyError::Busy) => {
+                metrics::counter!("sluice_mempool_refused_total", "reason" => "busy").increment(1);
+                return Err(SubmitError::Busy);
+            }
+            Err(VerifyError::Stopped) => return Err(SubmitError::Unavailable("the mempool is stopping".into())),
+        };
         let hash = tx.hash;
         if self.snapshot.load().by_hash.contains_key(&hash) {
             return Ok(hash);

@@ -72,6 +72,15 @@ pub(crate) struct Writer {
     pub journal_records: usize,
     /// Senders whose transactions left since the last publish.
     pub dirty: HashSet<Address>,
+    /// Hash index changes since the last publish, in order: the snapshot's index is updated
+    /// by exactly these (persistent maps copy a path per write, so no write is wasted).
+    pub index: Vec<IndexChange>,
+}
+
+/// One change to the published hash index.
+pub(crate) enum IndexChange {
+    Add(Arc<Pooled>),
+    Remove(B256),
 }
 
 /// What one batch changed, to publish.
@@ -190,6 +199,7 @@ impl Writer {
                 Ok(done) => {
                     changes.touched.insert(s.pooled.tx.sender);
                     self.txs.insert(hash, s.pooled.clone());
+                    self.index.push(IndexChange::Add(s.pooled.clone()));
                     if let Some(old) = done.replaced {
                         self.forget(&[old], TxStatus::Replaced { by: hash });
                     }
@@ -233,6 +243,7 @@ impl Writer {
                 for p in &to_journal {
                     self.pool.remove(&p.tx.hash);
                     self.txs.remove(&p.tx.hash);
+                    self.index.push(IndexChange::Remove(p.tx.hash));
                 }
                 let why = InsertError::Journal(e.to_string());
                 replies.extend(accepted_replies.into_iter().map(|(reply, _)| (reply, Err(why.clone()))));
@@ -246,6 +257,7 @@ impl Writer {
         for hash in hashes {
             if let Some(p) = self.txs.remove(hash) {
                 self.dirty.insert(p.tx.sender);
+                self.index.push(IndexChange::Remove(*hash));
                 metrics::counter!("sluice_mempool_removed_total", "why" => status.label()).increment(1);
                 self.statuses.record(*hash, status.clone());
             }
@@ -265,14 +277,19 @@ impl Writer {
             senders.extend(self.pool.senders().copied());
             senders.extend(old.senders.keys().copied());
         }
+        for change in self.index.drain(..) {
+            match change {
+                IndexChange::Add(p) => {
+                    next.by_hash.insert(p.tx.hash, p);
+                }
+                IndexChange::Remove(hash) => {
+                    next.by_hash.remove(&hash);
+                }
+            }
+        }
         let mut newly_pending = Vec::new();
         for sender in senders {
             let before = old.senders.get(&sender);
-            for p in before.iter().flat_map(|v| v.pending.iter().chain(&v.queued)) {
-                if !self.txs.contains_key(&p.tx.hash) {
-                    next.by_hash.remove(&p.tx.hash);
-                }
-            }
             let Some(pending_nonce) = self.pool.pending_nonce(&sender) else {
                 next.senders.remove(&sender);
                 continue;
@@ -282,9 +299,6 @@ impl Writer {
                 list.iter().filter_map(|t| self.txs.get(&t.hash).cloned()).collect()
             };
             let view = SenderView { pending_nonce, pending: lookup(pending), queued: lookup(queued) };
-            for p in view.pending.iter().chain(&view.queued) {
-                next.by_hash.entry(p.tx.hash).or_insert_with(|| p.clone());
-            }
             let was_pending: HashSet<B256> =
                 before.map(|v| v.pending.iter().map(|p| p.tx.hash).collect()).unwrap_or_default();
             newly_pending.extend(view.pending.iter().filter(|p| !was_pending.contains(&p.tx.hash)).cloned());

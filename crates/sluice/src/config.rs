@@ -71,6 +71,9 @@ pub struct MempoolSection {
     pub min_tip: u128,
     /// Senders whose transactions are never evicted.
     pub priority_senders: Vec<String>,
+    /// Niceness of the threads that decode and recover senders (0–19): above 0, reads are
+    /// served first when the CPU is short.
+    pub verify_nice: i32,
 }
 
 impl Default for MempoolSection {
@@ -92,6 +95,7 @@ impl Default for MempoolSection {
             price_bump_percent: pool.price_bump_percent,
             min_tip: pool.min_tip,
             priority_senders: Vec::new(),
+            verify_nice: d.verify_nice,
         }
     }
 }
@@ -100,6 +104,9 @@ impl TryFrom<&MempoolSection> for sluice_pool::MempoolConfig {
     type Error = String;
 
     fn try_from(m: &MempoolSection) -> Result<Self, String> {
+        if !(0..=19).contains(&m.verify_nice) {
+            return Err(format!("mempool.verify_nice: must be 0 to 19, got {}", m.verify_nice));
+        }
         let sync = match m.fsync.as_str() {
             "os" => sluice_pool::journal::Sync::Os,
             "always" => sluice_pool::journal::Sync::Always,
@@ -126,6 +133,7 @@ impl TryFrom<&MempoolSection> for sluice_pool::MempoolConfig {
             sync,
             relay: m.relay,
             rebroadcast_interval: m.rebroadcast_interval,
+            verify_nice: m.verify_nice,
             ..Self::default()
         })
     }

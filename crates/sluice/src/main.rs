@@ -64,6 +64,8 @@ enum Command {
 enum BenchAction {
     /// Load a JSON-RPC endpoint (fixed concurrency, constant rate or ramp) and report.
     Rpc(sluice_bench::cli::RpcArgs),
+    /// Send signed transactions at a constant rate (eth_sendRawTransaction) and report.
+    Ingest(sluice_bench::ingest::IngestArgs),
     /// Run the benchmark scenarios against a fresh anvil, directly and through sluice, and
     /// write benchmarks.md with plots.
     Report(sluice::report::ReportArgs),
@@ -117,6 +119,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             result
         }
         Command::Bench { action: BenchAction::Rpc(args) } => sluice_bench::cli::run_rpc(args).await,
+        Command::Bench { action: BenchAction::Ingest(args) } => sluice_bench::ingest::run_ingest(args).await,
         Command::Bench { action: BenchAction::Report(args) } => sluice::report::run_report(args).await,
         Command::Config { action: ConfigAction::Validate { file } } => {
             let config = config::validate_file(&file)?;

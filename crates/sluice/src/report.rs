@@ -101,6 +101,7 @@ fn plan(url: &str, model: Model, duration: Duration, mix: Mix) -> Plan {
         max_in_flight: 10_000,
         progress: false,
         seed: 1,
+        sequence: None,
     }
 }
 

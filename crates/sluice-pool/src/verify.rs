@@ -1,0 +1,96 @@
+//! Where decoding and sender recovery run: a few dedicated threads at a lower CPU priority,
+//! fed through a bounded queue.
+//!
+//! Recovery is the costliest step of ingest (tens of µs of secp256k1 per transaction). Run on
+//! the async workers, a burst of submissions would queue every read behind it; here it runs
+//! beside them, and the kernel gives the readers' threads the CPU first (the verifiers are
+//! niced). A full queue refuses at once (`Busy`) instead of growing without bound.
+
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use alloy_consensus::TxEnvelope;
+use alloy_primitives::Bytes;
+use tokio::sync::oneshot;
+
+use crate::{decode, DecodeError, PoolTx, Rules};
+
+type Job = (Bytes, Arc<Rules>, oneshot::Sender<Result<(PoolTx, TxEnvelope), DecodeError>>);
+
+/// Why a transaction could not be verified.
+#[derive(Debug)]
+pub enum VerifyError {
+    /// It failed decoding or a stateless rule.
+    Invalid(DecodeError),
+    /// The queue is full.
+    Busy,
+    /// The verifier threads are gone.
+    Stopped,
+}
+
+/// A handle to the verifier threads.
+pub struct Verifier {
+    jobs: SyncSender<Job>,
+}
+
+/// Jobs a verifier takes per turn at most.
+const TAKE: usize = 8;
+
+impl Verifier {
+    /// Starts `threads` verifiers with a queue of `capacity` transactions, at niceness `nice`
+    /// (0 is normal; higher yields the CPU to the readers' threads first).
+    pub fn start(threads: usize, capacity: usize, nice: i32) -> std::io::Result<Self> {
+        let (jobs, rx) = sync_channel::<Job>(capacity);
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads.max(1) {
+            let rx = rx.clone();
+            std::thread::Builder::new().name(format!("mempool-verify-{i}")).spawn(move || {
+                lower_priority(nice);
+                let mut jobs = Vec::with_capacity(TAKE);
+                loop {
+                    // The lock is held only to take jobs, never while verifying. Taking a few at
+                    // once saves a wake-up per transaction when the queue is long.
+                    match rx.lock() {
+                        Ok(rx) => match rx.recv() {
+                            Ok(job) => {
+                                jobs.push(job);
+                                jobs.extend(std::iter::from_fn(|| rx.try_recv().ok()).take(TAKE - 1));
+                            }
+                            Err(_) => return,
+                        },
+                        Err(_) => return,
+                    }
+                    for (raw, rules, reply) in jobs.drain(..) {
+                        let _ = reply.send(decode(&raw, &rules, Instant::now()));
+                    }
+                }
+            })?;
+        }
+        Ok(Self { jobs })
+    }
+
+    /// Decodes, checks and recovers `raw` on a verifier thread.
+    pub async fn verify(&self, raw: Bytes, rules: Arc<Rules>) -> Result<(PoolTx, TxEnvelope), VerifyError> {
+        let (reply, answer) = oneshot::channel();
+        match self.jobs.try_send((raw, rules, reply)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(VerifyError::Busy),
+            Err(TrySendError::Disconnected(_)) => return Err(VerifyError::Stopped),
+        }
+        match answer.await {
+            Ok(result) => result.map_err(VerifyError::Invalid),
+            Err(_) => Err(VerifyError::Stopped),
+        }
+    }
+}
+
+/// Lowers the calling thread's CPU priority (Linux: per thread).
+fn lower_priority(nice: i32) {
+    // SAFETY: setpriority with PRIO_PROCESS and who = 0 changes only the calling thread on Linux;
+    // it reads no memory of ours.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+    }
+}
