@@ -81,3 +81,30 @@ fn the_report_writes_tables_and_plots() {
         assert!(svg.starts_with("<svg") && svg.contains("</svg>"), "{plot}");
     }
 }
+
+#[test]
+fn ingest_sends_signed_transactions_into_the_pool_and_writes_a_read_mix() {
+    let anvil = Anvil::spawn_with(&["--no-mining"]);
+    let sluice = sluice_testkit::Sluice::serve(BIN, &anvil.http_url(), &[]);
+    let url = sluice.http_url();
+    let dir = tempfile::tempdir().unwrap();
+    let mix = dir.path().join("read.toml");
+    let mix = mix.to_str().unwrap();
+    let args = ["ingest", &url, "--rate", "200", "-d", "1s", "--senders", "20", "--fund", "--mix-out", mix, "--json"];
+    let (ok, stdout, stderr) = bench(&args);
+    assert!(ok, "{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((summary["requests"].as_u64(), summary["ok"].as_u64()), (Some(200), Some(200)), "{summary}");
+    // Every transaction is in sluice's pool (anvil does not mine), and the mix reads them.
+    let status = std::process::Command::new("curl")
+        .args(["-s", &url, "-H", "content-type: application/json"])
+        .args(["-d", r#"{"jsonrpc":"2.0","id":1,"method":"txpool_status"}"#])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["result"]["pending"], "0xc8", "{status}");
+    let (ok, stdout, stderr) = bench(&["rpc", &url, "--mix", mix, "-n", "100", "-c", "4", "--json"]);
+    assert!(ok, "{stderr}");
+    let reads: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(reads["ok"].as_u64(), Some(100), "{reads}");
+}
