@@ -16,12 +16,12 @@ bench() { target/release/sluice bench "$@"; }
 # 2,000 pooled transactions to read.
 bench ingest "$SLUICE" --rate 2000 -d 1s --senders 1000 --fund --mix-out "$work/read.toml" --json >/dev/null
 field() { python3 -c "import json,sys; d=json.load(open('$1')); print($2)"; }
-echo "| readers | ingest offered | ingest achieved tx/s (errors) | reads/s | read p50 / p99 µs |"
-echo "|---:|---:|---:|---:|---:|"
+echo "| readers | ingest offered | accepted tx/s | refused or not sent | reads/s | read p50 / p99 µs |"
+echo "|---:|---:|---:|---|---:|---:|"
 run=1
 for c in $CONCURRENCY; do
   bench rpc "$SLUICE" --mix "$work/read.toml" -c "$c" -d "$DURATION" --json >"$work/alone.json"
-  echo "| $c | none | – | $(field "$work/alone.json" "round(d['req_per_sec'])") | $(field "$work/alone.json" "f\"{d['latency_us']['p50']} / {d['latency_us']['p99']}\"") |"
+  echo "| $c | none | – | – | $(field "$work/alone.json" "round(d['req_per_sec'])") | $(field "$work/alone.json" "f\"{d['latency_us']['p50']} / {d['latency_us']['p99']}\"") |"
   # The ingest signs everything first; reads start once it is sending, and stop before it does.
   bench ingest "$SLUICE" --rate "$RATE" -d "$((secs + 3))s" --senders 2000 --first-sender $((run * 100000)) --fund \
     --json >"$work/ingest.json" 2>"$work/ingest.log" &
@@ -30,7 +30,7 @@ for c in $CONCURRENCY; do
   sleep 1
   bench rpc "$SLUICE" --mix "$work/read.toml" -c "$c" -d "$DURATION" --json >"$work/busy.json"
   wait "$ingest"
-  echo "| $c | $RATE tx/s | $(field "$work/ingest.json" "f\"{round(d['req_per_sec'])} ({sum(d['errors'].values())})\"") | $(field "$work/busy.json" "round(d['req_per_sec'])") | $(field "$work/busy.json" "f\"{d['latency_us']['p50']} / {d['latency_us']['p99']}\"") |"
+  echo "| $c | $RATE tx/s | $(field "$work/ingest.json" "round(d['ok'] / d['seconds'])") | $(field "$work/ingest.json" "', '.join(f'{k}: {v}' for k, v in d['errors'].items()) or 'none'") | $(field "$work/busy.json" "round(d['req_per_sec'])") | $(field "$work/busy.json" "f\"{d['latency_us']['p50']} / {d['latency_us']['p99']}\"") |"
   run=$((run + 1))
 done
 echo

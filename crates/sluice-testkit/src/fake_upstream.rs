@@ -37,6 +37,15 @@ pub enum Fault {
         /// A method to fail.
         fail_method: Option<&'static str>,
     },
+    /// Relays to a real node, except single `eth_getLogs` calls spanning more than
+    /// `max_range` blocks, refused as providers do ("query returned more than 10000
+    /// results"). Every body is recorded (see `requests_for`).
+    LogsLimit {
+        /// The real node's URL.
+        to: String,
+        /// The widest range answered.
+        max_range: u64,
+    },
 }
 
 /// A fake upstream on a loopback port; stops when dropped.
@@ -125,6 +134,33 @@ async fn answer(
                 match relayed {
                     Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
                     Err(_) => (502, "relay failed".to_owned()),
+                }
+            }
+        }
+        Fault::LogsLimit { to, max_range } => {
+            let refused = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|req| {
+                if req["method"] != "eth_getLogs" {
+                    return None;
+                }
+                let quantity =
+                    |v: &serde_json::Value| u64::from_str_radix(v.as_str()?.trim_start_matches("0x"), 16).ok();
+                let filter = &req["params"][0];
+                let (from, to) = (quantity(&filter["fromBlock"])?, quantity(&filter["toBlock"])?);
+                (to - from + 1 > max_range).then(|| req["id"].clone())
+            });
+            match refused {
+                Some(id) => (
+                    200,
+                    serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32005, "message": "query returned more than 10000 results"}})
+                        .to_string(),
+                ),
+                None => {
+                    let client = reqwest::Client::new();
+                    let relayed = client.post(&to).header("content-type", "application/json").body(body).send().await;
+                    match relayed {
+                        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+                        Err(_) => (502, "relay failed".to_owned()),
+                    }
                 }
             }
         }

@@ -11,6 +11,7 @@
 mod error;
 mod heads;
 mod http;
+pub mod logs;
 pub mod pool;
 mod socket;
 pub mod tls;

@@ -33,6 +33,30 @@ pub struct Config {
     /// The transaction pool behind `eth_sendRawTransaction` (see docs/mempool.md).
     #[serde(default)]
     pub mempool: MempoolSection,
+    /// `eth_getLogs` range splitting (see docs/upstreams.md).
+    #[serde(default)]
+    pub logs: LogsSection,
+}
+
+/// `eth_getLogs` over long ranges: split into chunks nodes accept.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogsSection {
+    /// Split long ranges (needs the head tracker: on when the cache or the mempool is).
+    pub enabled: bool,
+    /// Most blocks per upstream call (hosted providers commonly allow 2,000 to 10,000).
+    pub max_block_range: u64,
+    /// Chunks fetched at once for one call.
+    pub concurrency: usize,
+    /// Most chunks one call may become; longer ranges are refused with -32005.
+    pub max_chunks: usize,
+}
+
+impl Default for LogsSection {
+    fn default() -> Self {
+        let d = sluice_upstream::logs::LogsConfig::default();
+        Self { enabled: true, max_block_range: d.max_block_range, concurrency: d.concurrency, max_chunks: d.max_chunks }
+    }
 }
 
 /// The mempool (see docs/mempool.md); pool limits default to geth's.
@@ -542,6 +566,9 @@ impl Config {
             }
         }
         sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(self.logs.max_block_range > 0, "logs.max_block_range: must be more than zero");
+        anyhow::ensure!(self.logs.concurrency > 0, "logs.concurrency: must be more than zero");
+        anyhow::ensure!(self.logs.max_chunks > 0, "logs.max_chunks: must be more than zero");
         let m = &self.mempool;
         anyhow::ensure!(m.max_tx_bytes > 0, "mempool.max_tx_bytes: must be more than zero");
         anyhow::ensure!(!m.rebroadcast_interval.is_zero(), "mempool.rebroadcast_interval: must be more than zero");

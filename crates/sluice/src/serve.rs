@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use sluice_jsonrpc::{Id, Outcome, Request};
 use sluice_pool::{Mempool, MempoolConfig, MempoolLayer};
+use sluice_upstream::logs::{LogsConfig, LogsLayer};
 use sluice_upstream::pool::{MemberConfig, MethodFilter, Pool, PoolConfig};
 use sluice_upstream::{spawn_head_watcher, Answer, HeadConfig, HeadFeed, HttpUpstream, HttpUpstreamConfig, Upstreams};
 use tokio::net::TcpListener;
@@ -50,6 +51,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let mut upstreams = upstream.clone();
     if let (true, Some(feed)) = (config.cache.enabled, &feed) {
         upstreams = with_cache(&config, upstreams, feed)?;
+    }
+    if let (true, Some(feed)) = (config.logs.enabled, &feed) {
+        // Above the cache, so that finalized chunks are cached one by one.
+        let l = &config.logs;
+        let settings =
+            LogsConfig { max_block_range: l.max_block_range, concurrency: l.concurrency, max_chunks: l.max_chunks };
+        upstreams = Arc::new(LogsLayer::new(upstreams, feed.view.clone(), settings));
     }
     let mut mempool = None;
     if let (true, Some(feed)) = (config.mempool.enabled, &feed) {
