@@ -30,7 +30,8 @@ async fn a_fixed_5ms_delay_shows_as_p50_of_5ms() {
     let fake = FakeUpstream::spawn(Fault::Slow(Duration::from_millis(5))).await;
     let summary = run(&plan(&fake.url, Model::Concurrency(4), Duration::from_secs(1))).await.unwrap();
     let p50 = summary.latency_us.p50;
-    assert!((5_000..7_500).contains(&p50), "p50 {p50} µs");
+    // Upper bound with room for a noisy 2-core machine running the other tests of this file.
+    assert!((5_000..10_000).contains(&p50), "p50 {p50} µs");
     assert!(summary.latency_us.min >= 5_000, "nothing faster than the delay: {}", summary.latency_us.min);
     // 4 workers × ~1 request per ~5 ms for 1 s.
     assert!((400..=800).contains(&summary.requests), "{} requests", summary.requests);
