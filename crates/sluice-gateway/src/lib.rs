@@ -10,6 +10,7 @@
 
 pub mod http;
 pub mod pipeline;
+pub mod policy;
 pub mod route;
 pub mod server;
 pub mod telemetry;
@@ -101,6 +102,19 @@ impl Gateway {
             metrics: telemetry::prometheus(),
             local_feeds: None,
         })
+    }
+
+    /// The same gateway, with another method policy.
+    pub fn with_method_policy(self: Arc<Self>, policy: policy::MethodPolicy) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut gateway) => {
+                let limits = gateway.limits.max_batch_len;
+                let upstreams = gateway.pipeline.upstreams().clone();
+                gateway.pipeline = Pipeline::new(upstreams, limits).with_policy(policy);
+                Arc::new(gateway)
+            }
+            Err(shared) => shared,
+        }
     }
 
     /// The same gateway, with locally served subscriptions.

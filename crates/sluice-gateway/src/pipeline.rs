@@ -7,6 +7,7 @@ use sluice_jsonrpc::{
 };
 use sluice_upstream::{Answer, Source, UpstreamError, Upstreams};
 
+use crate::policy::MethodPolicy;
 use crate::route::{route, Route};
 use crate::telemetry;
 
@@ -53,12 +54,20 @@ pub struct Reply {
 pub struct Pipeline {
     upstreams: Arc<dyn Upstreams>,
     max_batch_len: usize,
+    policy: MethodPolicy,
 }
 
 impl Pipeline {
     /// A pipeline over `upstreams` that refuses batches longer than `max_batch_len`.
+    /// Node-key and admin methods are denied (see [`MethodPolicy::default`]).
     pub fn new(upstreams: Arc<dyn Upstreams>, max_batch_len: usize) -> Self {
-        Self { upstreams, max_batch_len }
+        Self { upstreams, max_batch_len, policy: MethodPolicy::default() }
+    }
+
+    /// The same pipeline with another method policy.
+    pub fn with_policy(mut self, policy: MethodPolicy) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// The upstreams calls go to (for readiness checks).
@@ -99,6 +108,14 @@ impl Pipeline {
                 Err((_, e)) => {
                     telemetry::count_call("", "invalid");
                     slots[i] = Some(Outcome::error(e));
+                }
+                Ok(req) if !self.policy.permits(&req.method) => {
+                    telemetry::count_call(&req.method, "denied");
+                    let e = ErrorObject::new(
+                        codes::METHOD_NOT_FOUND,
+                        format!("the method {} is not allowed here", req.method),
+                    );
+                    slots[i] = Some(Outcome::error(&e));
                 }
                 Ok(req) => match route(&req.method) {
                     Route::SocketOnly => {

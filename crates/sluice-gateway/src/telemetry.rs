@@ -2,7 +2,7 @@
 //!
 //! Metric names:
 //! * `sluice_requests_total{method, outcome}`: calls by method and outcome (`ok`, `rpc_error`,
-//!   `invalid`, `parse_error`, or an upstream failure kind such as `timeout`).
+//!   `invalid`, `parse_error`, `denied` by the method policy, or an upstream failure kind such as `timeout`).
 //! * `sluice_request_duration_seconds{transport}`: time to answer an HTTP body or WS message.
 //! * `sluice_requests_in_flight{transport}`: bodies being answered now.
 //! * `sluice_upstream_calls_total{upstream, outcome}` and `sluice_upstream_call_duration_seconds`

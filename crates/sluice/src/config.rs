@@ -36,6 +36,26 @@ pub struct Config {
     /// `eth_getLogs` range splitting (see docs/upstreams.md).
     #[serde(default)]
     pub logs: LogsSection,
+    /// Which methods may reach the nodes.
+    #[serde(default)]
+    pub methods: MethodsSection,
+}
+
+/// The method policy: denied methods are answered -32601 at once, never forwarded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MethodsSection {
+    /// Method names or `prefix*` patterns never forwarded (default: node keys and administration).
+    pub deny: Vec<String>,
+    /// Patterns forwarded even when `deny` matches them.
+    pub allow: Vec<String>,
+}
+
+impl Default for MethodsSection {
+    fn default() -> Self {
+        let deny = sluice_gateway::policy::DEFAULT_DENY.iter().map(|s| (*s).to_owned()).collect();
+        Self { deny, allow: Vec::new() }
+    }
 }
 
 /// `eth_getLogs` over long ranges: split into chunks nodes accept.
@@ -566,6 +586,10 @@ impl Config {
             }
         }
         sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(anyhow::Error::msg)?;
+        sluice_gateway::policy::MethodPolicy::validate(&self.methods.deny)
+            .map_err(|e| anyhow::anyhow!("methods.deny: {e}"))?;
+        sluice_gateway::policy::MethodPolicy::validate(&self.methods.allow)
+            .map_err(|e| anyhow::anyhow!("methods.allow: {e}"))?;
         anyhow::ensure!(self.logs.max_block_range > 0, "logs.max_block_range: must be more than zero");
         anyhow::ensure!(self.logs.concurrency > 0, "logs.concurrency: must be more than zero");
         anyhow::ensure!(self.logs.max_chunks > 0, "logs.max_chunks: must be more than zero");

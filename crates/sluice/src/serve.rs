@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use sluice_cache::{CacheLayer, RedisConfig, RedisTier};
+use sluice_gateway::policy::MethodPolicy;
 use sluice_gateway::{FeedStream, Gateway, Limits, LocalFeeds};
 use std::time::Duration;
 
@@ -65,7 +66,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         upstreams = layer;
         mempool = Some(pool);
     }
-    let mut gateway = Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits));
+    let policy = MethodPolicy::new(config.methods.deny.clone(), config.methods.allow.clone());
+    let mut gateway =
+        Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits)).with_method_policy(policy);
     if let Some(mempool) = mempool {
         gateway = gateway.with_local_feeds(Arc::new(PendingTransactions(mempool)));
     }

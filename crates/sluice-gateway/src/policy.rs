@@ -1,0 +1,101 @@
+//! Which methods may reach the nodes at all. Pure.
+//!
+//! Methods that act with the node's keys or administer it are denied by default. A public
+//! endpoint must never forward them, and a denied call is answered at once, without an
+//! upstream call. `allow` entries override `deny` ones (to open `debug_*` to a trusted
+//! deployment, say). A pattern is an exact method name or a `prefix*`.
+
+/// The default deny list: node administration, node keys, consensus-client methods.
+pub const DEFAULT_DENY: &[&str] =
+    &["admin_*", "debug_*", "personal_*", "miner_*", "engine_*", "clique_*", "eth_sign*", "eth_sendTransaction"];
+
+/// Allowed and denied method patterns.
+#[derive(Debug, Clone)]
+pub struct MethodPolicy {
+    deny: Vec<String>,
+    allow: Vec<String>,
+}
+
+impl Default for MethodPolicy {
+    fn default() -> Self {
+        Self::new(DEFAULT_DENY.iter().map(|s| (*s).to_owned()).collect(), Vec::new())
+    }
+}
+
+impl MethodPolicy {
+    /// A policy from deny and allow patterns.
+    pub fn new(deny: Vec<String>, allow: Vec<String>) -> Self {
+        Self { deny, allow }
+    }
+
+    /// Lets everything through.
+    pub fn open() -> Self {
+        Self::new(Vec::new(), Vec::new())
+    }
+
+    /// Whether `method` may be forwarded.
+    pub fn permits(&self, method: &str) -> bool {
+        let hit = |patterns: &[String]| patterns.iter().any(|p| matches(p, method));
+        !hit(&self.deny) || hit(&self.allow)
+    }
+
+    /// Checks that every pattern is well formed: a method name, optionally ending in `*`.
+    pub fn validate(patterns: &[String]) -> Result<(), String> {
+        for p in patterns {
+            let name = p.strip_suffix('*').unwrap_or(p);
+            if name.is_empty() && p != "*"
+                || name.contains('*')
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                return Err(format!("{p:?} is not a method name or a prefix ending in *"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn matches(pattern: &str, method: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => method.starts_with(prefix),
+        None => pattern == method,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_key_and_admin_methods_are_denied_by_default() {
+        let p = MethodPolicy::default();
+        for denied in [
+            "admin_peers",
+            "debug_traceTransaction",
+            "personal_sign",
+            "eth_sign",
+            "eth_signTypedData_v4",
+            "eth_sendTransaction",
+            "engine_newPayloadV3",
+            "miner_start",
+        ] {
+            assert!(!p.permits(denied), "{denied}");
+        }
+        for allowed in
+            ["eth_call", "eth_sendRawTransaction", "eth_getLogs", "txpool_status", "net_version", "eth_syncing"]
+        {
+            assert!(p.permits(allowed), "{allowed}");
+        }
+    }
+
+    #[test]
+    fn allow_overrides_deny_and_patterns_are_checked() {
+        let p = MethodPolicy::new(vec!["debug_*".into(), "anvil_*".into()], vec!["debug_traceTransaction".into()]);
+        assert!(p.permits("debug_traceTransaction"));
+        assert!(!p.permits("debug_traceCall"));
+        assert!(!p.permits("anvil_setBalance"));
+        assert!(MethodPolicy::open().permits("admin_peers"));
+        assert!(MethodPolicy::validate(&["eth_*".into(), "net_version".into(), "*".into()]).is_ok());
+        assert!(MethodPolicy::validate(&["eth*call".into()]).is_err());
+        assert!(MethodPolicy::validate(&["".into()]).is_err());
+    }
+}
