@@ -36,6 +36,7 @@ struct AppState {
 pub fn router(gateway: Arc<Gateway>, shutdown: watch::Receiver<bool>) -> Router {
     Router::new()
         .route("/", post(rpc).get(upgrade))
+        .route("/{key}", post(rpc_with_key).get(upgrade_with_key))
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -53,7 +54,46 @@ fn request_id(headers: &HeaderMap) -> String {
         .unwrap_or_else(|| format!("{:x}", NEXT.fetch_add(1, Ordering::Relaxed)))
 }
 
+/// The API key: the URL path `/KEY`, else `Authorization: Bearer KEY`, else `x-api-key`.
+fn api_key(path: Option<String>, headers: &HeaderMap) -> Option<String> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty());
+    path.or_else(|| header("authorization").and_then(|v| v.strip_prefix("Bearer ")).map(|k| k.trim().to_owned()))
+        .or_else(|| header("x-api-key").map(str::to_owned))
+}
+
+/// The caller, or the refusal to send (401) when access control is on.
+fn identify(
+    state: &AppState,
+    key: Option<String>,
+    headers: &HeaderMap,
+) -> Result<Option<sluice_access::Caller>, Box<Response>> {
+    let Some(control) = &state.gateway.access else { return Ok(None) };
+    let key = api_key(key, headers);
+    control.access.identify(key.as_deref()).map(Some).map_err(|refusal| {
+        metrics::counter!("sluice_access_refused_total", "tier" => "", "why" => "unauthorized").increment(1);
+        let reply = Reply::local_error(ErrorObject::new(codes::INVALID_REQUEST, refusal.to_string()));
+        Box::new(respond(StatusCode::UNAUTHORIZED, reply, &request_id(headers)))
+    })
+}
+
+async fn rpc_with_key(
+    State(state): State<AppState>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    serve_rpc(state, Some(key), headers, body).await
+}
+
 async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    serve_rpc(state, None, headers, body).await
+}
+
+async fn serve_rpc(state: AppState, key: Option<String>, headers: HeaderMap, body: Body) -> Response {
+    let caller = match identify(&state, key, &headers) {
+        Ok(caller) => caller,
+        Err(refusal) => return *refusal,
+    };
     let _in_flight = InFlight::start("http");
     let id = request_id(&headers);
     let span = tracing::debug_span!("rpc", request_id = %id);
@@ -65,10 +105,38 @@ async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> R
         read_body(body, limits.max_body_bytes, limits.client_timeout).await
     };
     let (status, reply) = match bytes {
-        Ok(bytes) => (StatusCode::OK, state.gateway.pipeline.handle(&bytes).instrument(span).await),
+        Ok(bytes) => {
+            let who = match (&state.gateway.access, &caller) {
+                (Some(control), Some(caller)) => {
+                    control.policy_of(caller).map(|policy| crate::Who { access: &control.access, caller, policy })
+                }
+                _ => None,
+            };
+            let reply = state.gateway.pipeline.handle_as(&bytes, who.as_ref()).instrument(span).await;
+            (refusal_status(&reply), reply)
+        }
         Err(refusal) => refusal,
     };
-    respond(status, reply, &id)
+    let retry_after = match &reply.refusal {
+        Some(sluice_access::Refusal::OverQuota { retry_after, .. }) => Some(retry_after.as_secs().max(1)),
+        _ => None,
+    };
+    let mut response = respond(status, reply, &id);
+    if let Some(seconds) = retry_after {
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+            response.headers_mut().insert(http::header::RETRY_AFTER, value);
+        }
+    }
+    response
+}
+
+fn refusal_status(reply: &Reply) -> StatusCode {
+    match &reply.refusal {
+        None => StatusCode::OK,
+        Some(sluice_access::Refusal::OverQuota { .. }) => StatusCode::TOO_MANY_REQUESTS,
+        Some(sluice_access::Refusal::Unavailable) => StatusCode::SERVICE_UNAVAILABLE,
+        Some(sluice_access::Refusal::Unauthorized(_)) => StatusCode::UNAUTHORIZED,
+    }
 }
 
 async fn read_body(body: Body, limit: usize, deadline: Duration) -> Result<bytes::Bytes, (StatusCode, Reply)> {
@@ -103,7 +171,33 @@ fn respond(status: StatusCode, reply: Reply, request_id: &str) -> Response {
     response
 }
 
-async fn upgrade(State(state): State<AppState>, ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>) -> Response {
+async fn upgrade_with_key(
+    State(state): State<AppState>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    serve_upgrade(state, Some(key), headers, ws).await
+}
+
+async fn upgrade(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    serve_upgrade(state, None, headers, ws).await
+}
+
+async fn serve_upgrade(
+    state: AppState,
+    key: Option<String>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let caller = match identify(&state, key, &headers) {
+        Ok(caller) => caller,
+        Err(refusal) => return *refusal,
+    };
     let Ok(ws) = ws else {
         return (StatusCode::METHOD_NOT_ALLOWED, "POST JSON-RPC here, or open a WebSocket\n").into_response();
     };
@@ -112,7 +206,7 @@ async fn upgrade(State(state): State<AppState>, ws: Result<WebSocketUpgrade, Web
     };
     let limit = state.gateway.limits.max_body_bytes;
     ws.max_message_size(limit).max_frame_size(limit).on_upgrade(move |socket| async move {
-        ws::session(socket, state.gateway, state.shutdown).await;
+        ws::session(socket, state.gateway, state.shutdown, caller).await;
         drop(permit);
     })
 }

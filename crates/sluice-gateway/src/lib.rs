@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use sluice_upstream::Upstreams;
 
-pub use pipeline::{Pipeline, Reply, ServedBy};
+pub use pipeline::{Pipeline, Reply, ServedBy, Who};
 pub use server::serve;
 
 /// Limits that keep memory and time bounded whatever clients send.
@@ -83,6 +83,23 @@ pub struct Gateway {
     pub sessions: Arc<tokio::sync::Semaphore>,
     /// Subscriptions answered locally, checked before going upstream.
     pub local_feeds: Option<Arc<dyn LocalFeeds>>,
+    /// API keys, tiers and quotas; `None`: everyone may call, without limits.
+    pub access: Option<AccessControl>,
+}
+
+/// Access control as the gateway applies it.
+pub struct AccessControl {
+    /// Keys, tiers and the quota store.
+    pub access: sluice_access::Access,
+    /// Each tier's method policy: the global one with the tier's lists added.
+    pub policies: std::collections::HashMap<String, policy::MethodPolicy>,
+}
+
+impl AccessControl {
+    /// The policy for a caller's tier.
+    pub fn policy_of(&self, caller: &sluice_access::Caller) -> Option<&policy::MethodPolicy> {
+        self.policies.get(&caller.tier)
+    }
 }
 
 impl Gateway {
@@ -101,7 +118,27 @@ impl Gateway {
             limits,
             metrics: telemetry::prometheus(),
             local_feeds: None,
+            access: None,
         })
+    }
+
+    /// The same gateway, with API keys, tiers and quotas; `tiers` gives each tier's own
+    /// method lists (deny, allow), added to the gateway's policy.
+    pub fn with_access(
+        self: Arc<Self>,
+        access: sluice_access::Access,
+        tiers: &[(String, Vec<String>, Vec<String>)],
+    ) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut gateway) => {
+                let global = gateway.pipeline.policy().clone();
+                let policies =
+                    tiers.iter().map(|(name, deny, allow)| (name.clone(), global.with(deny, allow))).collect();
+                gateway.access = Some(AccessControl { access, policies });
+                Arc::new(gateway)
+            }
+            Err(shared) => shared,
+        }
     }
 
     /// The same gateway, with another method policy.

@@ -7,6 +7,8 @@ use sluice_jsonrpc::{
 };
 use sluice_upstream::{Answer, Source, UpstreamError, Upstreams};
 
+use sluice_access::{Access, Caller, Refusal};
+
 use crate::policy::MethodPolicy;
 use crate::route::{route, Route};
 use crate::telemetry;
@@ -48,6 +50,18 @@ pub struct Reply {
     pub body: Option<Vec<u8>>,
     /// What produced it.
     pub served_by: ServedBy,
+    /// Access control refused the whole body (the HTTP status and `Retry-After` follow from it).
+    pub refusal: Option<Refusal>,
+}
+
+/// The caller of a body, when access control is on.
+pub struct Who<'a> {
+    /// Keys, tiers and quotas.
+    pub access: &'a Access,
+    /// The identified caller.
+    pub caller: &'a Caller,
+    /// Its tier's method policy (the global one merged with the tier's lists).
+    pub policy: &'a MethodPolicy,
 }
 
 /// Parses bodies and answers their calls through an [`Upstreams`].
@@ -77,29 +91,69 @@ impl Pipeline {
 
     /// Answers one request body (HTTP body or WebSocket message).
     pub async fn handle(&self, body: &[u8]) -> Reply {
-        match parse_body(body, self.max_batch_len) {
+        self.handle_as(body, None).await
+    }
+
+    /// Answers one body for a caller: charged to its quota first (the whole body, by the cost
+    /// of its calls), under its tier's method policy.
+    pub async fn handle_as(&self, body: &[u8], who: Option<&Who<'_>>) -> Reply {
+        let (items, batch) = match parse_body(body, self.max_batch_len) {
             Err(e) => {
                 telemetry::count_call("", if e.code == codes::PARSE_ERROR { "parse_error" } else { "invalid" });
-                Reply::local_error(e)
+                return Reply::local_error(e);
             }
-            Ok(Incoming::Single(item)) => self.answer(vec![item], false).await,
-            Ok(Incoming::Batch(items)) => self.answer(items, true).await,
+            Ok(Incoming::Single(item)) => (vec![item], false),
+            Ok(Incoming::Batch(items)) => (items, true),
+        };
+        if let Some(who) = who {
+            if let Some(refusal) = self.charge(who, &items).await {
+                return refusal;
+            }
         }
+        self.answer_with(items, batch, who.map_or(&self.policy, |w| w.policy)).await
+    }
+
+    /// Charges the caller for these calls; the refusal to send when over quota.
+    pub async fn charge(&self, who: &Who<'_>, items: &[Result<Request, Invalid>]) -> Option<Reply> {
+        let methods: Vec<&str> = items.iter().filter_map(|i| i.as_ref().ok().map(|r| r.method.as_str())).collect();
+        let refusal = who.access.charge(who.caller, &methods).await.err()?;
+        let code = match refusal {
+            Refusal::OverQuota { .. } => codes::LIMIT_EXCEEDED,
+            Refusal::Unavailable => codes::RESOURCE_UNAVAILABLE,
+            Refusal::Unauthorized(_) => codes::INVALID_REQUEST,
+        };
+        let mut reply = Reply::local_error(ErrorObject::new(code, refusal.to_string()));
+        reply.refusal = Some(refusal);
+        Some(reply)
     }
 
     /// Answers parsed calls and serializes the answer (an array when `batch`).
     pub async fn answer(&self, items: Vec<Result<Request, Invalid>>, batch: bool) -> Reply {
-        let (responses, served_by) = self.respond(items).await;
+        self.answer_with(items, batch, &self.policy).await
+    }
+
+    /// Like [`Pipeline::answer`], under another method policy (a caller's tier).
+    pub async fn answer_with(&self, items: Vec<Result<Request, Invalid>>, batch: bool, policy: &MethodPolicy) -> Reply {
+        let (responses, served_by) = self.respond(items, policy).await;
         let body = (!responses.is_empty()).then(|| write_responses(batch, &responses));
-        Reply { body, served_by }
+        Reply { body, served_by, refusal: None }
     }
 
     /// Answers parsed calls, in order; notifications are executed but not answered.
-    pub async fn answer_responses(&self, items: Vec<Result<Request, Invalid>>) -> Vec<Response> {
-        self.respond(items).await.0
+    pub async fn answer_responses(
+        &self,
+        items: Vec<Result<Request, Invalid>>,
+        policy: Option<&MethodPolicy>,
+    ) -> Vec<Response> {
+        self.respond(items, policy.unwrap_or(&self.policy)).await.0
     }
 
-    async fn respond(&self, items: Vec<Result<Request, Invalid>>) -> (Vec<Response>, ServedBy) {
+    /// The method policy for callers without a tier of their own.
+    pub fn policy(&self) -> &MethodPolicy {
+        &self.policy
+    }
+
+    async fn respond(&self, items: Vec<Result<Request, Invalid>>, policy: &MethodPolicy) -> (Vec<Response>, ServedBy) {
         let mut slots: Vec<Option<Outcome>> = vec![None; items.len()];
         let mut forward: Vec<usize> = Vec::new();
         let mut served_by: Option<ServedBy> = None;
@@ -109,7 +163,7 @@ impl Pipeline {
                     telemetry::count_call("", "invalid");
                     slots[i] = Some(Outcome::error(e));
                 }
-                Ok(req) if !self.policy.permits(&req.method) => {
+                Ok(req) if !policy.permits(&req.method) => {
                     telemetry::count_call(&req.method, "denied");
                     let e = ErrorObject::new(
                         codes::METHOD_NOT_FOUND,
@@ -169,7 +223,7 @@ impl Reply {
     /// A single error answer with a `null` id, for bodies that could not be read at all.
     pub fn local_error(e: ErrorObject) -> Self {
         let response = Response { id: Id::null(), outcome: e.into() };
-        Reply { body: Some(write_responses(false, &[response])), served_by: ServedBy::LOCAL }
+        Reply { body: Some(write_responses(false, &[response])), served_by: ServedBy::LOCAL, refusal: None }
     }
 }
 

@@ -28,6 +28,14 @@ impl MethodPolicy {
         Self { deny, allow }
     }
 
+    /// This policy with a tier's own lists added.
+    pub fn with(&self, deny: &[String], allow: &[String]) -> Self {
+        let mut merged = self.clone();
+        merged.deny.extend(deny.iter().cloned());
+        merged.allow.extend(allow.iter().cloned());
+        merged
+    }
+
     /// Lets everything through.
     pub fn open() -> Self {
         Self::new(Vec::new(), Vec::new())

@@ -30,7 +30,12 @@ const OUTBOX: usize = 1024;
 const CALLS_PER_SOCKET: usize = 64;
 
 /// Runs one client session until either side closes or the server stops.
-pub async fn session(socket: WebSocket, gateway: Arc<Gateway>, mut shutdown: watch::Receiver<bool>) {
+pub async fn session(
+    socket: WebSocket,
+    gateway: Arc<Gateway>,
+    mut shutdown: watch::Receiver<bool>,
+    caller: Option<sluice_access::Caller>,
+) {
     metrics::gauge!("sluice_websocket_sessions").increment(1.0);
     let (mut sink, mut stream) = socket.split();
     let (outbox, mut outbox_rx) = mpsc::channel::<Message>(OUTBOX);
@@ -50,6 +55,7 @@ pub async fn session(socket: WebSocket, gateway: Arc<Gateway>, mut shutdown: wat
         calls: Arc::new(Semaphore::new(CALLS_PER_SOCKET)),
         local: HashMap::new(),
         local_tx,
+        caller,
     };
     let close = loop {
         tokio::select! {
@@ -98,6 +104,8 @@ struct Session {
     /// Locally served subscriptions by client id, each pumped by a task into `local_tx`.
     local: HashMap<String, tokio::task::AbortHandle>,
     local_tx: mpsc::Sender<(String, Box<RawValue>)>,
+    /// Who opened the socket, when access control is on: every message is charged to it.
+    caller: Option<sluice_access::Caller>,
 }
 
 impl Session {
@@ -107,6 +115,14 @@ impl Session {
             Ok(Incoming::Single(item)) => (vec![item], false),
             Ok(Incoming::Batch(items)) => (items, true),
         };
+        if let (Some(control), Some(caller)) = (&self.gateway.access, &self.caller) {
+            if let Some(policy) = control.policy_of(caller) {
+                let who = crate::Who { access: &control.access, caller, policy };
+                if let Some(refusal) = self.gateway.pipeline.charge(&who, &items).await {
+                    return self.send(refusal).await;
+                }
+            }
+        }
         let has_subscription = items.iter().any(|i| i.as_ref().is_ok_and(|r| is_subscription_method(&r.method)));
         if has_subscription {
             // Subscriptions change this session's state: answer such a body in order, here.
@@ -124,9 +140,14 @@ impl Session {
         };
         let gateway = self.gateway.clone();
         let outbox = self.outbox.clone();
+        let caller = self.caller.clone();
         tokio::spawn(async move {
             let _in_flight = InFlight::start("ws");
-            let reply = gateway.pipeline.answer(items, batch).await;
+            let policy = match (&gateway.access, &caller) {
+                (Some(control), Some(caller)) => control.policy_of(caller),
+                _ => None,
+            };
+            let reply = gateway.pipeline.answer_with(items, batch, policy.unwrap_or(gateway.pipeline.policy())).await;
             if let Some(body) = reply.body {
                 let _ = outbox.send(text(body)).await;
             }
@@ -134,10 +155,16 @@ impl Session {
         });
     }
 
+    /// The caller's tier policy, when access control is on.
+    fn policy(&self) -> Option<&crate::policy::MethodPolicy> {
+        let (control, caller) = (self.gateway.access.as_ref()?, self.caller.as_ref()?);
+        control.policy_of(caller)
+    }
+
     async fn answer_one(&mut self, item: Result<Request, Invalid>) -> Vec<Response> {
         let req = match item {
             Ok(req) if is_subscription_method(&req.method) => req,
-            other => return self.gateway.pipeline.answer_responses(vec![other]).await,
+            other => return self.gateway.pipeline.answer_responses(vec![other], self.policy()).await,
         };
         let outcome =
             if req.method == "eth_subscribe" { self.subscribe(&req).await } else { self.unsubscribe(&req).await };

@@ -39,6 +39,9 @@ pub struct Config {
     /// Which methods may reach the nodes.
     #[serde(default)]
     pub methods: MethodsSection,
+    /// API keys, tiers and quotas (see docs/access.md); absent: anyone may call, unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<sluice_access::AccessConfig>,
 }
 
 /// The method policy: denied methods are answered -32601 at once, never forwarded.
@@ -586,6 +589,14 @@ impl Config {
             }
         }
         sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(anyhow::Error::msg)?;
+        if let Some(access) = &self.access {
+            access.validate().map_err(anyhow::Error::msg)?;
+            for (name, tier) in &access.tiers {
+                sluice_gateway::policy::MethodPolicy::validate(&tier.deny)
+                    .and_then(|_| sluice_gateway::policy::MethodPolicy::validate(&tier.allow))
+                    .map_err(|e| anyhow::anyhow!("access.tiers.{name}: {e}"))?;
+            }
+        }
         sluice_gateway::policy::MethodPolicy::validate(&self.methods.deny)
             .map_err(|e| anyhow::anyhow!("methods.deny: {e}"))?;
         sluice_gateway::policy::MethodPolicy::validate(&self.methods.allow)

@@ -72,6 +72,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     if let Some(mempool) = mempool {
         gateway = gateway.with_local_feeds(Arc::new(PendingTransactions(mempool)));
     }
+    if let Some(access) = &config.access {
+        let tiers: Vec<(String, Vec<String>, Vec<String>)> =
+            access.tiers.iter().map(|(name, t)| (name.clone(), t.deny.clone(), t.allow.clone())).collect();
+        let control = sluice_access::Access::new(access.clone()).map_err(anyhow::Error::msg)?;
+        gateway = gateway.with_access(control, &tiers);
+        tracing::info!(
+            keys = access.keys.len(),
+            tiers = access.tiers.len(),
+            shared = access.redis_url.is_some(),
+            "access control on"
+        );
+    }
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
