@@ -37,6 +37,9 @@ pub struct Tier {
     pub deny: Vec<String>,
     /// Methods this tier may call even when denied (globally or here).
     pub allow: Vec<String>,
+    /// Load-shedding priority, 0 (highest, the default) to 9: under overload, a tier of
+    /// priority p is refused once the gateway holds (10 − p)/10 of its in-flight capacity.
+    pub priority: u8,
 }
 
 impl Tier {

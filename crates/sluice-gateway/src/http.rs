@@ -94,6 +94,17 @@ async fn serve_rpc(state: AppState, key: Option<String>, headers: HeaderMap, bod
         Ok(caller) => caller,
         Err(refusal) => return *refusal,
     };
+    let priority = match (&state.gateway.access, &caller) {
+        (Some(control), Some(caller)) => control.access.tier(caller).map_or(0, |t| t.priority),
+        _ => 0,
+    };
+    let Some(_admitted) = state.gateway.admit(priority) else {
+        metrics::counter!("sluice_requests_shed_total", "priority" => priority.to_string()).increment(1);
+        let e = ErrorObject::new(codes::LIMIT_EXCEEDED, "server busy: too many requests in flight; retry shortly");
+        let mut response = respond(StatusCode::TOO_MANY_REQUESTS, Reply::local_error(e), &request_id(&headers));
+        response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    };
     let _in_flight = InFlight::start("http");
     let id = request_id(&headers);
     let span = tracing::debug_span!("rpc", request_id = %id);

@@ -36,6 +36,9 @@ pub struct Limits {
     pub client_timeout: Duration,
     /// Most client connections open at once; further clients wait in the accept queue.
     pub max_connections: usize,
+    /// Most HTTP requests being answered at once; beyond it, HTTP 429 at once. A tier of
+    /// priority p may use only (10 − p)/10 of it, so lower tiers are shed first.
+    pub max_in_flight: usize,
     /// Most subscriptions one WebSocket client may hold.
     pub max_subscriptions_per_socket: usize,
     /// Time given to in-flight requests on shutdown.
@@ -49,6 +52,7 @@ impl Default for Limits {
             max_batch_len: 1000,
             client_timeout: Duration::from_secs(30),
             max_connections: 10_000,
+            max_in_flight: 8_192,
             max_subscriptions_per_socket: 256,
             shutdown_grace: Duration::from_secs(10),
         }
@@ -85,6 +89,36 @@ pub struct Gateway {
     pub local_feeds: Option<Arc<dyn LocalFeeds>>,
     /// API keys, tiers and quotas; `None`: everyone may call, without limits.
     pub access: Option<AccessControl>,
+    /// HTTP requests being answered now (load shedding).
+    pub in_flight: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One admitted request; leaving releases its place.
+pub struct Admitted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// How many requests a caller of `priority` may find in flight and still be admitted. Pure.
+pub fn admission_limit(max_in_flight: usize, priority: u8) -> usize {
+    max_in_flight * (10 - usize::from(priority.min(9))) / 10
+}
+
+impl Gateway {
+    /// Admits one request of `priority` (0 highest), or `None` when the gateway is too busy for it.
+    pub fn admit(&self, priority: u8) -> Option<Admitted> {
+        let limit = admission_limit(self.limits.max_in_flight, priority);
+        let counter = &self.in_flight;
+        counter
+            .fetch_update(std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Admitted(counter.clone()))
+    }
 }
 
 /// Access control as the gateway applies it.
@@ -119,6 +153,7 @@ impl Gateway {
             metrics: telemetry::prometheus(),
             local_feeds: None,
             access: None,
+            in_flight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         })
     }
 
@@ -163,5 +198,20 @@ impl Gateway {
             }
             Err(shared) => shared,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lower_priorities_get_a_smaller_share_of_the_capacity() {
+        assert_eq!(admission_limit(100, 0), 100);
+        assert_eq!(admission_limit(100, 1), 90);
+        assert_eq!(admission_limit(100, 5), 50);
+        assert_eq!(admission_limit(100, 9), 10);
+        assert_eq!(admission_limit(100, 200), 10, "clamped at 9");
+        assert_eq!(admission_limit(4, 0), 4);
     }
 }

@@ -397,6 +397,9 @@ pub struct LimitsConfig {
     pub client_timeout: Duration,
     /// Most client connections at once.
     pub max_connections: usize,
+    /// Requests being answered at once at most; beyond it HTTP 429 + `Retry-After` (lower
+    /// priority tiers are shed first).
+    pub max_in_flight: usize,
     /// Most subscriptions per WebSocket client.
     pub max_subscriptions_per_socket: usize,
     /// Time given to in-flight requests on shutdown.
@@ -412,6 +415,7 @@ impl Default for LimitsConfig {
             max_batch_len: d.max_batch_len,
             client_timeout: d.client_timeout,
             max_connections: d.max_connections,
+            max_in_flight: d.max_in_flight,
             max_subscriptions_per_socket: d.max_subscriptions_per_socket,
             shutdown_grace: d.shutdown_grace,
         }
@@ -425,6 +429,7 @@ impl From<&LimitsConfig> for sluice_gateway::Limits {
             max_batch_len: c.max_batch_len,
             client_timeout: c.client_timeout,
             max_connections: c.max_connections,
+            max_in_flight: c.max_in_flight,
             max_subscriptions_per_socket: c.max_subscriptions_per_socket,
             shutdown_grace: c.shutdown_grace,
         }
@@ -563,6 +568,7 @@ impl Config {
             ("limits.max_body_bytes", l.max_body_bytes),
             ("limits.max_batch_len", l.max_batch_len),
             ("limits.max_connections", l.max_connections),
+            ("limits.max_in_flight", l.max_in_flight),
             ("limits.max_subscriptions_per_socket", l.max_subscriptions_per_socket),
         ] {
             anyhow::ensure!(value > 0, "{key}: must be more than zero");
