@@ -90,3 +90,39 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// In any window, no more passes than the burst plus what the rate earns in it.
+        #[test]
+        fn no_window_admits_more_than_burst_plus_rate(
+            per_second in 1.0f64..100.0,
+            burst in 1u32..20,
+            gaps in proptest::collection::vec(0.0f64..50.0, 1..300),
+        ) {
+            let rate = Rate { per_second, burst };
+            let mut now = 0.0;
+            let mut tat = 0.0;
+            let mut passed = Vec::new();
+            for gap in gaps {
+                now += gap;
+                if let Verdict::Allow { tat_ms } = check(rate, tat, now, 1) {
+                    tat = tat_ms;
+                    passed.push(now);
+                }
+            }
+            for (i, start) in passed.iter().enumerate() {
+                for window in [10.0, 100.0, 1000.0] {
+                    let inside = passed[i..].iter().take_while(|t| **t < start + window).count() as f64;
+                    let bound = f64::from(burst) + window * per_second / 1000.0 + 1e-9;
+                    prop_assert!(inside <= bound.floor() + 1.0, "{inside} in {window} ms, bound {bound}");
+                }
+            }
+        }
+    }
+}

@@ -241,3 +241,53 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn id() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            "[a-zA-Z0-9 _\\-]{0,12}".prop_map(|s| format!("\"{s}\"")),
+            Just("null".to_owned()),
+            Just("1.5e3".to_owned()),
+        ]
+    }
+
+    proptest! {
+        /// Any bytes at all: an answer or an error, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse_body(&body, 10);
+        }
+
+        /// Any JSON-ish text built from request fragments: never a panic.
+        #[test]
+        fn request_like_text_never_panics(
+            parts in proptest::collection::vec(prop_oneof![
+                Just("{"), Just("}"), Just("["), Just("]"), Just(","), Just(":"), Just("\"jsonrpc\""), Just("\"2.0\""),
+                Just("\"id\""), Just("\"method\""), Just("\"params\""), Just("\"eth_call\""), Just("1"), Just("null"),
+            ], 0..40)
+        ) {
+            let _ = parse_body(parts.concat().as_bytes(), 10);
+        }
+
+        /// Well-formed calls keep their ids byte for byte, alone and in batches.
+        #[test]
+        fn ids_come_back_exactly(ids in proptest::collection::vec(id(), 1..8)) {
+            let calls: Vec<String> =
+                ids.iter().map(|id| format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_chainId"}}"#)).collect();
+            let body = format!("[{}]", calls.join(","));
+            let Ok(Incoming::Batch(items)) = parse_body(body.as_bytes(), 10) else {
+                return Err(TestCaseError::fail("a batch"));
+            };
+            for (item, id) in items.iter().zip(&ids) {
+                let request = item.as_ref().map_err(|(_, e)| TestCaseError::fail(e.message.clone()))?;
+                prop_assert_eq!(request.id.as_ref().map(|i| i.get().to_owned()), Some(id.clone()));
+            }
+        }
+    }
+}

@@ -200,13 +200,16 @@ impl Pool {
         Self { config, ..Self::default() }
     }
 
-    /// Sets the base fee of the next block; held transactions may become pending.
-    pub fn set_base_fee(&mut self, base_fee: u128) {
+    /// Sets the base fee of the next block: held transactions may become pending, and pending
+    /// ones may become held. When that leaves more queued than the limit allows, the cheapest
+    /// leave; returns their hashes.
+    pub fn set_base_fee(&mut self, base_fee: u128) -> Vec<B256> {
         self.base_fee = base_fee;
         let senders: Vec<Address> = self.senders.keys().copied().collect();
         for sender in senders {
             self.touch(&sender);
         }
+        self.make_room(None).unwrap_or_default()
     }
 
     /// The base fee the pool judges executability by.
@@ -279,6 +282,8 @@ impl Pool {
     }
 
     fn try_insert(&mut self, tx: PoolTx, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
+        // State read at an older head may be behind what the pool has seen since.
+        let nonce = nonce.max(self.senders.get(&tx.sender).map_or(0, |s| s.nonce));
         if self.by_hash.contains_key(&tx.hash) {
             return Err(InsertError::AlreadyKnown);
         }
@@ -333,7 +338,7 @@ impl Pool {
         }
         self.by_hash.insert(tx.hash, tx.clone());
         self.touch(&tx.sender);
-        let evicted = match self.make_room(&tx) {
+        let evicted = match self.make_room(Some(&tx.hash)) {
             Ok(evicted) => evicted,
             Err(e) => {
                 self.remove(&tx.hash);
@@ -355,7 +360,7 @@ impl Pool {
     /// Evicts the cheapest transactions while the pool is over its limits. Queued go before
     /// pending, a sender's highest nonce first, priority senders never. Refuses the newcomer
     /// if it would be the one to go, or if it is queued and only pending ones could make room.
-    fn make_room(&mut self, newcomer: &PoolTx) -> Result<Vec<B256>, InsertError> {
+    fn make_room(&mut self, newcomer: Option<&B256>) -> Result<Vec<B256>, InsertError> {
         let mut evicted = Vec::new();
         loop {
             let status = self.status();
@@ -389,9 +394,10 @@ impl Pool {
                 }
             }
             let Some((_, victim)) = best else {
-                return Err(InsertError::Underpriced);
+                // Only priority senders' transactions are left to evict.
+                return if newcomer.is_some() { Err(InsertError::Underpriced) } else { Ok(evicted) };
             };
-            if victim.hash == newcomer.hash {
+            if newcomer == Some(&victim.hash) {
                 return Err(InsertError::Underpriced);
             }
             self.remove(&victim.hash);
@@ -399,7 +405,14 @@ impl Pool {
         }
     }
 
-    /// Removes one transaction (dropped, evicted or rejected later by the node).
+    /// Evicts while the pool is over its limits (after removals or nonce resets, which can turn
+    /// pending transactions into queued ones); returns what left.
+    pub fn trim(&mut self) -> Vec<B256> {
+        self.make_room(None).unwrap_or_default()
+    }
+
+    /// Removes one transaction (dropped, evicted or rejected later by the node). A gap it
+    /// leaves can push the queued count over its limit: call [`Pool::trim`] after removals.
     pub fn remove(&mut self, hash: &B256) -> Option<Arc<PoolTx>> {
         let tx = self.by_hash.remove(hash)?;
         if let Some(s) = self.senders.get_mut(&tx.sender) {
@@ -460,9 +473,9 @@ impl Pool {
 mod tests {
     use super::*;
 
-    const GWEI: u128 = 1_000_000_000;
+    pub(super) const GWEI: u128 = 1_000_000_000;
 
-    fn addr(n: u8) -> Address {
+    pub(super) fn addr(n: u8) -> Address {
         Address::repeat_byte(n)
     }
 
@@ -470,7 +483,7 @@ mod tests {
         tip_tx(sender, nonce, fee_gwei, fee_gwei)
     }
 
-    fn tip_tx(sender: u8, nonce: u64, fee_gwei: u128, tip_gwei: u128) -> PoolTx {
+    pub(super) fn tip_tx(sender: u8, nonce: u64, fee_gwei: u128, tip_gwei: u128) -> PoolTx {
         let mut hash = [0u8; 32];
         hash[0] = sender;
         hash[1..9].copy_from_slice(&nonce.to_be_bytes());
@@ -653,5 +666,101 @@ mod tests {
         assert!(p.expire(Instant::now() + Duration::from_secs(30)).is_empty());
         assert_eq!(p.expire(Instant::now() + Duration::from_secs(61)), vec![tx(1, 5, 10).hash]);
         assert_eq!(p.status(), Status { pending: 1, queued: 0 }, "pending transactions do not expire");
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    //! Whatever sequence of operations the pool sees, its invariants hold.
+
+    use proptest::prelude::*;
+
+    use super::tests::{addr, tip_tx, GWEI};
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert { sender: u8, nonce: u64, fee: u128, tip: u128, account_nonce: u64 },
+        Advance { sender: u8, nonce: u64 },
+        Reset { sender: u8, nonce: u64 },
+        Remove { pick: usize },
+        BaseFee(u128),
+        Expire,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0u8..5, 0u64..10, 1u128..60, 0u128..60, 0u64..3).prop_map(|(sender, nonce, fee, tip, account_nonce)| {
+                Op::Insert { sender, nonce, fee, tip: tip.min(fee), account_nonce }
+            }),
+            1 => (0u8..5, 0u64..6).prop_map(|(sender, nonce)| Op::Advance { sender, nonce }),
+            1 => (0u8..5, 0u64..6).prop_map(|(sender, nonce)| Op::Reset { sender, nonce }),
+            1 => any::<usize>().prop_map(|pick| Op::Remove { pick }),
+            1 => (0u128..40).prop_map(Op::BaseFee),
+            1 => Just(Op::Expire),
+        ]
+    }
+
+    fn check(p: &Pool, config: &Config) {
+        let mut pending = 0;
+        let mut all = 0;
+        for sender in p.senders().copied().collect::<Vec<_>>() {
+            let (pend, queued) = p.content_of(&sender);
+            let account = p.pending_nonce(&sender).unwrap() - pend.len() as u64;
+            for (i, t) in pend.iter().enumerate() {
+                assert_eq!(t.nonce, account + i as u64, "pending nonces run from the account nonce");
+                assert!(t.max_fee >= p.base_fee(), "pending ones can pay the base fee");
+            }
+            assert!(queued.iter().all(|t| t.nonce >= account), "nothing below the account nonce stays");
+            assert!(!(pend.is_empty() && queued.is_empty()), "no empty senders");
+            pending += pend.len();
+            all += pend.len() + queued.len();
+            for t in pend.iter().chain(&queued) {
+                assert_eq!(p.get(&t.hash).as_deref(), Some(t.as_ref()), "indexed by hash");
+            }
+        }
+        assert_eq!(p.len(), all, "the hash index holds exactly the listed transactions");
+        assert_eq!(p.status(), Status { pending, queued: all - pending }, "the cached counts are right");
+        assert!(p.status().pending <= config.global_slots, "pending within its limit");
+        assert!(p.status().queued <= config.global_queue, "queued within its limit");
+    }
+
+    proptest! {
+        #[test]
+        fn invariants_hold_for_any_sequence(ops in proptest::collection::vec(op(), 1..120)) {
+            let config = Config { global_slots: 12, global_queue: 6, account_queue: 4, lifetime: Duration::ZERO, ..Config::default() };
+            let mut p = Pool::new(config.clone());
+            let mut hashes = Vec::new();
+            for (i, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Insert { sender, nonce, fee, tip, account_nonce } => {
+                        let mut t = tip_tx(sender, nonce, fee, tip);
+                        t.hash.0[31] = i as u8; // distinct hashes for repeats
+                        hashes.push(t.hash);
+                        let _ = p.insert(t, account_nonce, U256::from(10u128.pow(24)));
+                    }
+                    Op::Advance { sender, nonce } => {
+                        p.advance(&addr(sender), nonce);
+                    }
+                    Op::Reset { sender, nonce } => {
+                        p.reset_nonce(&addr(sender), nonce);
+                        p.trim();
+                    }
+                    Op::Remove { pick } => {
+                        if !hashes.is_empty() {
+                            p.remove(&hashes[pick % hashes.len()]);
+                            p.trim();
+                        }
+                    }
+                    Op::BaseFee(gwei) => {
+                        p.set_base_fee(gwei * GWEI);
+                    }
+                    Op::Expire => {
+                        p.expire(Instant::now() + Duration::from_secs(1));
+                    }
+                }
+                check(&p, &config);
+            }
+        }
     }
 }

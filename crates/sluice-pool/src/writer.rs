@@ -126,11 +126,15 @@ impl Writer {
                         self.forget(&gone, TxStatus::Mined { block: None });
                         changes.touched.insert(sender);
                     }
+                    let evicted = self.pool.trim();
+                    self.forget(&evicted, TxStatus::Evicted);
                 }
                 Command::Reject { hash, reason } => {
                     if let Some(tx) = self.pool.remove(&hash) {
                         changes.touched.insert(tx.sender);
                         self.forget(&[hash], TxStatus::Rejected { reason });
+                        let evicted = self.pool.trim();
+                        self.forget(&evicted, TxStatus::Evicted);
                     }
                 }
                 Command::Compact(reply) => compact.push(reply),
@@ -174,7 +178,8 @@ impl Writer {
         }
         if let Some(fee) = base_fee {
             if fee != self.pool.base_fee() {
-                self.pool.set_base_fee(fee);
+                let evicted = self.pool.set_base_fee(fee);
+                self.forget(&evicted, TxStatus::Evicted);
                 changes.all = true;
             }
         }

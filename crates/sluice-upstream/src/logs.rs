@@ -258,3 +258,27 @@ mod tests {
         assert!(!is_too_large("execution reverted"));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Chunks cover the range exactly, in order, each within the limit; bisection halves
+        /// partition their range.
+        #[test]
+        fn chunks_partition_the_range(from in 0u64..1_000_000, len in 0u64..50_000, max in 1u64..5_000) {
+            let to = from + len;
+            let c = chunks(from, to, max);
+            prop_assert_eq!(c.first().map(|r| r.0), Some(from));
+            prop_assert_eq!(c.last().map(|r| r.1), Some(to));
+            prop_assert!(c.windows(2).all(|w| w[0].1 + 1 == w[1].0));
+            prop_assert!(c.iter().all(|(a, b)| a <= b && b - a < max));
+            if let Some([low, high]) = bisect((from, to)) {
+                prop_assert_eq!((low.0, low.1 + 1, high.1), (from, high.0, to));
+            }
+        }
+    }
+}
