@@ -546,6 +546,13 @@ pub fn validate_file(file: &Path) -> anyhow::Result<Config> {
     Ok(config)
 }
 
+/// Parses and validates configuration text alone (no file, environment or flags).
+pub fn parse_toml(text: &str) -> anyhow::Result<Config> {
+    let config: Config = Figment::from(Toml::string(text)).extract().map_err(describe)?;
+    config.validate()?;
+    Ok(config)
+}
+
 /// Figment's errors name the key; this joins all of them into one message.
 fn describe(e: figment::Error) -> anyhow::Error {
     let lines: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
