@@ -40,6 +40,10 @@ pub struct Tier {
     /// Load-shedding priority, 0 (highest, the default) to 9: under overload, a tier of
     /// priority p is refused once the gateway holds (10 − p)/10 of its in-flight capacity.
     pub priority: u8,
+    /// WebSocket connections one key may hold open at once (per replica); none: unlimited.
+    pub max_connections: Option<u32>,
+    /// Subscriptions one key may hold across its connections (per replica); none: unlimited.
+    pub max_subscriptions: Option<u32>,
 }
 
 impl Tier {

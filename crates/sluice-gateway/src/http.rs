@@ -212,12 +212,20 @@ async fn serve_upgrade(
     let Ok(ws) = ws else {
         return (StatusCode::METHOD_NOT_ALLOWED, "POST JSON-RPC here, or open a WebSocket\n").into_response();
     };
+    let slot = match (&state.gateway.access, &caller) {
+        (Some(control), Some(caller)) => match control.open_session(caller) {
+            Ok(slot) => Some(slot),
+            Err(why) => return (StatusCode::TOO_MANY_REQUESTS, format!("{why}\n")).into_response(),
+        },
+        _ => None,
+    };
     let Ok(permit) = state.gateway.sessions.clone().try_acquire_owned() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "too many WebSocket sessions\n").into_response();
     };
     let limit = state.gateway.limits.max_body_bytes;
     ws.max_message_size(limit).max_frame_size(limit).on_upgrade(move |socket| async move {
         ws::session(socket, state.gateway, state.shutdown, caller).await;
+        drop(slot);
         drop(permit);
     })
 }

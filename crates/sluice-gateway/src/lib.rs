@@ -127,9 +127,70 @@ pub struct AccessControl {
     pub access: sluice_access::Access,
     /// Each tier's method policy: the global one with the tier's lists added.
     pub policies: std::collections::HashMap<String, policy::MethodPolicy>,
+    /// WebSocket connections and subscriptions held per key.
+    pub usage: Arc<std::sync::Mutex<std::collections::HashMap<String, KeyUsage>>>,
+}
+
+/// What one key holds open.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyUsage {
+    /// WebSocket connections.
+    pub connections: u32,
+    /// Subscriptions across them.
+    pub subscriptions: u32,
+}
+
+/// A WebSocket connection counted against its key; closing it releases the place.
+pub struct SessionSlot {
+    usage: Arc<std::sync::Mutex<std::collections::HashMap<String, KeyUsage>>>,
+    key: String,
+}
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = usage.get_mut(&self.key) {
+            u.connections = u.connections.saturating_sub(1);
+            if u.connections == 0 && u.subscriptions == 0 {
+                usage.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl AccessControl {
+    /// Counts a new WebSocket connection for `caller`, or says why it may not open one.
+    pub fn open_session(&self, caller: &sluice_access::Caller) -> Result<SessionSlot, String> {
+        let limit = self.access.tier(caller).and_then(|t| t.max_connections);
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let u = usage.entry(caller.id.clone()).or_default();
+        if limit.is_some_and(|l| u.connections >= l) {
+            return Err(format!("too many WebSocket connections for this key (limit {})", limit.unwrap_or(0)));
+        }
+        u.connections += 1;
+        Ok(SessionSlot { usage: self.usage.clone(), key: caller.id.clone() })
+    }
+
+    /// Takes one subscription place for `caller`; false when its tier's limit is reached.
+    pub fn take_subscription(&self, caller: &sluice_access::Caller) -> bool {
+        let limit = self.access.tier(caller).and_then(|t| t.max_subscriptions);
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let u = usage.entry(caller.id.clone()).or_default();
+        if limit.is_some_and(|l| u.subscriptions >= l) {
+            return false;
+        }
+        u.subscriptions += 1;
+        true
+    }
+
+    /// Gives back `n` subscription places.
+    pub fn release_subscriptions(&self, caller: &sluice_access::Caller, n: u32) {
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = usage.get_mut(&caller.id) {
+            u.subscriptions = u.subscriptions.saturating_sub(n);
+        }
+    }
+
     /// The policy for a caller's tier.
     pub fn policy_of(&self, caller: &sluice_access::Caller) -> Option<&policy::MethodPolicy> {
         self.policies.get(&caller.tier)
@@ -169,7 +230,7 @@ impl Gateway {
                 let global = gateway.pipeline.policy().clone();
                 let policies =
                     tiers.iter().map(|(name, deny, allow)| (name.clone(), global.with(deny, allow))).collect();
-                gateway.access = Some(AccessControl { access, policies });
+                gateway.access = Some(AccessControl { access, policies, usage: Default::default() });
                 Arc::new(gateway)
             }
             Err(shared) => shared,

@@ -84,6 +84,7 @@ pub async fn session(
             _ = shutdown.changed() => break Some((1001, "server shutting down")),
         }
     };
+    session.release_subscriptions(session.held());
     for (_, task) in session.local.drain() {
         task.abort();
     }
@@ -155,6 +156,25 @@ impl Session {
         });
     }
 
+    /// Subscriptions this connection holds.
+    fn held(&self) -> u32 {
+        (self.local.len() + self.subscriptions.by_client.len()) as u32
+    }
+
+    /// Takes a subscription place for this connection's key (always true without access control).
+    fn take_subscription(&self) -> bool {
+        match (&self.gateway.access, &self.caller) {
+            (Some(control), Some(caller)) => control.take_subscription(caller),
+            _ => true,
+        }
+    }
+
+    fn release_subscriptions(&self, n: u32) {
+        if let (Some(control), Some(caller)) = (&self.gateway.access, &self.caller) {
+            control.release_subscriptions(caller, n);
+        }
+    }
+
     /// The caller's tier policy, when access control is on.
     fn policy(&self) -> Option<&crate::policy::MethodPolicy> {
         let (control, caller) = (self.gateway.access.as_ref()?, self.caller.as_ref()?);
@@ -166,8 +186,22 @@ impl Session {
             Ok(req) if is_subscription_method(&req.method) => req,
             other => return self.gateway.pipeline.answer_responses(vec![other], self.policy()).await,
         };
-        let outcome =
-            if req.method == "eth_subscribe" { self.subscribe(&req).await } else { self.unsubscribe(&req).await };
+        // Places against the key's subscription limit follow what this connection holds.
+        let before = self.held();
+        let outcome = if req.method == "eth_subscribe" {
+            if !self.take_subscription() {
+                return req.id.map(|id| Response { id, outcome: too_many_for_key() }).into_iter().collect();
+            }
+            let outcome = self.subscribe(&req).await;
+            if self.held() == before {
+                self.release_subscriptions(1);
+            }
+            outcome
+        } else {
+            let outcome = self.unsubscribe(&req).await;
+            self.release_subscriptions(before.saturating_sub(self.held()));
+            outcome
+        };
         telemetry::count_call(&req.method, if outcome.is_error() { "rpc_error" } else { "ok" });
         req.id.map(|id| Response { id, outcome }).into_iter().collect()
     }
@@ -318,6 +352,10 @@ impl Subscriptions {
         self.by_upstream.clear();
         self.events = None;
     }
+}
+
+fn too_many_for_key() -> Outcome {
+    ErrorObject::new(codes::LIMIT_EXCEEDED, "too many subscriptions for this key").into()
 }
 
 fn text(body: Vec<u8>) -> Message {

@@ -132,3 +132,54 @@ async fn two_replicas_share_a_daily_quota_through_redis_and_follow_the_fail_mode
     let (status, _, body) = call(&client, &b.http_url(), &key, "eth_chainId", json!([])).await;
     assert_eq!((status, body["result"].as_str()), (200, Some("0x7a69")), "{body}");
 }
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn ws_call(ws: &mut Socket, id: u64, method: &str, params: Value) -> Value {
+    use futures_util::{SinkExt, StreamExt};
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    ws.send(tokio_tungstenite::tungstenite::Message::text(body.to_string())).await.unwrap();
+    loop {
+        let message =
+            tokio::time::timeout(std::time::Duration::from_secs(3), ws.next()).await.unwrap().unwrap().unwrap();
+        if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
+            let value: Value = serde_json::from_str(&text).unwrap();
+            if value["id"] == json!(id) {
+                return value;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_connections_and_subscriptions_are_capped_per_key() {
+    let anvil = Anvil::spawn();
+    let toml = "[access.keys]\nk = \"ws\"\n[access.tiers.ws]\nmax_connections = 2\nmax_subscriptions = 3\n";
+    let (sluice, _config) = serve(&anvil, toml);
+    let url = format!("{}/k", sluice.ws_url());
+    let (mut a, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    let (mut b, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    let third = tokio_tungstenite::connect_async(&url).await;
+    assert!(third.is_err(), "a third connection for the key is refused");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let answer = ws_call(&mut a, i, "eth_subscribe", json!(["newHeads"])).await;
+        ids.push(answer["result"].as_str().unwrap_or_else(|| panic!("{answer}")).to_owned());
+    }
+    let over = ws_call(&mut a, 10, "eth_subscribe", json!(["newHeads"])).await;
+    assert_eq!(over["error"]["code"], -32005, "{over}");
+    let other = ws_call(&mut b, 11, "eth_subscribe", json!(["newPendingTransactions"])).await;
+    assert_eq!(other["error"]["code"], -32005, "the limit is per key, across its connections: {other}");
+    let done = ws_call(&mut a, 12, "eth_unsubscribe", json!([ids[0]])).await;
+    assert_eq!(done["result"], true);
+    let again = ws_call(&mut b, 13, "eth_subscribe", json!(["newPendingTransactions"])).await;
+    assert!(again["result"].is_string(), "a place came free: {again}");
+    // Closing a connection gives its places back.
+    drop(a);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (mut c, _) = tokio_tungstenite::connect_async(&url).await.expect("a place came free");
+    for i in 0..2 {
+        let answer = ws_call(&mut c, 20 + i, "eth_subscribe", json!(["newHeads"])).await;
+        assert!(answer["result"].is_string(), "{answer}");
+    }
+}
