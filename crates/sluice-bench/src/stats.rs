@@ -10,6 +10,7 @@ use serde::Serialize;
 /// Collects one run's outcomes.
 pub struct Recorder {
     latency: Histogram<u64>,
+    ok_latency: Histogram<u64>,
     send_lag: Histogram<u64>,
     seconds: Vec<Second>,
     errors: BTreeMap<String, u64>,
@@ -29,7 +30,14 @@ fn histogram() -> Histogram<u64> {
 
 impl Default for Recorder {
     fn default() -> Self {
-        Self { latency: histogram(), send_lag: histogram(), seconds: Vec::new(), errors: BTreeMap::new(), ok: 0 }
+        Self {
+            latency: histogram(),
+            ok_latency: histogram(),
+            send_lag: histogram(),
+            seconds: Vec::new(),
+            errors: BTreeMap::new(),
+            ok: 0,
+        }
     }
 }
 
@@ -48,6 +56,7 @@ impl Recorder {
         match error {
             None => {
                 self.ok += 1;
+                self.ok_latency.saturating_record(micros);
                 second.ok += 1;
             }
             Some(reason) => {
@@ -65,6 +74,7 @@ impl Recorder {
     /// Adds another recorder's outcomes (for alternating rounds against one target).
     pub fn merge(&mut self, other: &Recorder, offset: Duration) {
         let _ = self.latency.add(&other.latency);
+        let _ = self.ok_latency.add(&other.ok_latency);
         let _ = self.send_lag.add(&other.send_lag);
         self.ok += other.ok;
         for (reason, n) in &other.errors {
@@ -99,14 +109,8 @@ impl Recorder {
             seconds: secs,
             req_per_sec: total as f64 / secs,
             req_per_min: total as f64 / secs * 60.0,
-            latency_us: Percentiles {
-                min: h.min(),
-                p50: h.value_at_quantile(0.50),
-                p90: h.value_at_quantile(0.90),
-                p99: h.value_at_quantile(0.99),
-                p999: h.value_at_quantile(0.999),
-                max: h.max(),
-            },
+            latency_us: Percentiles::of(h),
+            ok_latency_us: Percentiles::of(&self.ok_latency),
             series: self
                 .seconds
                 .iter()
@@ -125,6 +129,19 @@ impl Recorder {
                 // Saturated: it used nearly all cores, or it sent well behind its schedule.
                 saturated: cpu_cores.is_some_and(|c| c > 0.9 * cores) || send_lag_p99_us.is_some_and(|l| l > 5_000),
             },
+        }
+    }
+}
+
+impl Percentiles {
+    fn of(h: &Histogram<u64>) -> Self {
+        Percentiles {
+            min: h.min(),
+            p50: h.value_at_quantile(0.50),
+            p90: h.value_at_quantile(0.90),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
         }
     }
 }
@@ -191,8 +208,10 @@ pub struct Summary {
     pub req_per_sec: f64,
     /// Throughput per minute (as the ddosify report states it).
     pub req_per_min: f64,
-    /// Latency percentiles.
+    /// Latency percentiles, all requests (failures took time too).
     pub latency_us: Percentiles,
+    /// Latency percentiles of the successful requests alone (what admitted callers saw).
+    pub ok_latency_us: Percentiles,
     /// Per-second series.
     pub series: Vec<SecondSummary>,
     /// The generator's own cost.

@@ -37,6 +37,15 @@ pub enum Fault {
         /// A method to fail.
         fail_method: Option<&'static str>,
     },
+    /// A node with a fixed capacity: answers `{"result":"0x1"}` after `service`, at most
+    /// `slots.available_permits()` requests at a time; the rest wait their turn (build it
+    /// with [`Fault::capacity`]).
+    Capacity {
+        /// Time each request takes.
+        service: Duration,
+        /// Requests served at once.
+        slots: Arc<tokio::sync::Semaphore>,
+    },
     /// Relays to a real node, except single `eth_getLogs` calls spanning more than
     /// `max_range` blocks, refused as providers do ("query returned more than 10000
     /// results"). Every body is recorded (see `requests_for`).
@@ -55,6 +64,13 @@ pub struct FakeUpstream {
     requests: Arc<AtomicUsize>,
     bodies: Arc<std::sync::Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Fault {
+    /// A node serving `concurrent` requests at a time, each taking `service`.
+    pub fn capacity(service: Duration, concurrent: usize) -> Fault {
+        Fault::Capacity { service, slots: Arc::new(tokio::sync::Semaphore::new(concurrent)) }
+    }
 }
 
 impl FakeUpstream {
@@ -163,6 +179,11 @@ async fn answer(
                     }
                 }
             }
+        }
+        Fault::Capacity { service, slots } => {
+            let _slot = slots.acquire().await.expect("never closed");
+            tokio::time::sleep(service).await;
+            ok(&body)
         }
         Fault::Hang => {
             tokio::time::sleep(Duration::from_secs(3600)).await;

@@ -117,6 +117,10 @@ impl HttpUpstream {
 /// Reads an answer body: a JSON-RPC answer wins over a bad HTTP status, since some providers
 /// send errors with 4xx/5xx; anything else is classified.
 fn parse_answer<T: serde::de::DeserializeOwned>(status: u16, body: &[u8]) -> Result<T, UpstreamError> {
+    if status == 429 {
+        // Rate limited or shedding: the body answers no particular call (its id is null).
+        return Err(UpstreamError::HttpStatus(status));
+    }
     match serde_json::from_slice(body) {
         Ok(answer) => Ok(answer),
         Err(_) if !(200..300).contains(&status) => Err(UpstreamError::HttpStatus(status)),
