@@ -154,16 +154,16 @@ mod tests {
 
     /// Real transactions signed by `cast mktx` with anvil's first dev key, nonce 3, to anvil's
     /// second account, value 1 wei.
-    const EIP1559: &str = "02f86c827a6903843b9aca0084773594008252089470997970c51812dc3a010c7d01b50e0d17dc79c80180c001a030f7c74d4c3f9a951af8f0db0736ac020ab0c01797cd7ed5bb4c3a388fa80e92a029b3fa57d71b5fe196251aee6601efc9a06be0a4207fedf6f4ca19a220e98aa9";
-    const LEGACY_155: &str = "f8650384773594008252089470997970c51812dc3a010c7d01b50e0d17dc79c8018082f4f5a077816ac847d5b149b3fa9b39f5af20f0a2ae0870660d4f8dc88eb2f0e5d8ee96a04086dc9c9f466eccfaf044281a25391744706421773f56b4fb24afe109d94f81";
-    const EIP2930: &str = "01f87e827a690384773594008275309470997970c51812dc3a010c7d01b50e0d17dc79c80180d7d69470997970c51812dc3a010c7d01b50e0d17dc79c8c001a0477ef52595444b24bc6f28a67e2ec5e31a47a5ac9bdf07d146e9f84baea3d701a07c5efa00b6239b1fe53138c67771e29ce4ccb688ed5c962668b28648ff350505";
+    pub(super) const EIP1559: &str = "02f86c827a6903843b9aca0084773594008252089470997970c51812dc3a010c7d01b50e0d17dc79c80180c001a030f7c74d4c3f9a951af8f0db0736ac020ab0c01797cd7ed5bb4c3a388fa80e92a029b3fa57d71b5fe196251aee6601efc9a06be0a4207fedf6f4ca19a220e98aa9";
+    pub(super) const LEGACY_155: &str = "f8650384773594008252089470997970c51812dc3a010c7d01b50e0d17dc79c8018082f4f5a077816ac847d5b149b3fa9b39f5af20f0a2ae0870660d4f8dc88eb2f0e5d8ee96a04086dc9c9f466eccfaf044281a25391744706421773f56b4fb24afe109d94f81";
+    pub(super) const EIP2930: &str = "01f87e827a690384773594008275309470997970c51812dc3a010c7d01b50e0d17dc79c80180d7d69470997970c51812dc3a010c7d01b50e0d17dc79c8c001a0477ef52595444b24bc6f28a67e2ec5e31a47a5ac9bdf07d146e9f84baea3d701a07c5efa00b6239b1fe53138c67771e29ce4ccb688ed5c962668b28648ff350505";
     const CHAIN_1: &str = "02f86a0103843b9aca0084773594008252089470997970c51812dc3a010c7d01b50e0d17dc79c80180c080a09a4ba260b0c37f34a8293664c864ef8479a691e4c52d46cdf5ff788407b3b5f2a04540a5a54305f110b15cec360641e1d50ab792eec64c8e464371727eedef80d4";
     const GAS_20000: &str = "02f86c827a6903843b9aca008477359400824e209470997970c51812dc3a010c7d01b50e0d17dc79c80180c080a062cfd5cae7a1dfe1ae672aacc925df90c943427a5a116c9e10702a1ae6f6c682a02f49634d61acdebb691267e01155f12141638835900ad95f98508f776d79b622";
     const GAS_40M: &str = "02f86e827a6903843b9aca0084773594008402625a009470997970c51812dc3a010c7d01b50e0d17dc79c80180c080a0046f5dd413a8d96afb17d4e822ab462e04f095683e009d52d1a2e6006a59f0dba013bf74a146fff6f948fcf458b78659c5244b0aaea4a3983224a6794666494f2f";
     /// The well-known deterministic-deployment transaction: legacy, v = 27, no chain id.
     const UNPROTECTED: &str = "f8a58085174876e800830186a08080b853604580600e600039806000f350fe7fffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffe03601600081602082378035828234f58015156039578182fd5b8082525050506014600cf31ba02222222222222222222222222222222222222222222222222222222222222222a02222222222222222222222222222222222222222222222222222222222222222";
 
-    fn bytes(hex: &str) -> Vec<u8> {
+    pub(super) fn bytes(hex: &str) -> Vec<u8> {
         (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
     }
 
@@ -221,5 +221,47 @@ mod tests {
     fn intrinsic_gas_counts_data_and_access_lists() {
         let (_, envelope) = decode(&bytes(EIP2930), &rules(), Instant::now()).unwrap();
         assert_eq!(intrinsic_gas(&envelope), 21_000 + 2_400);
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    //! The `tx_decode` fuzz target's property, run briefly on every test run: mutated real
+    //! transactions and arbitrary bytes are refused or decoded, never a panic, and a decoded
+    //! transaction's hash is keccak of its bytes.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const SEEDS: [&str; 3] = [tests::EIP1559, tests::LEGACY_155, tests::EIP2930];
+
+    fn check(raw: &[u8]) {
+        let rules = Rules { chain_id: 31337, ..Rules::default() };
+        if let Ok((tx, _)) = decode(raw, &rules, Instant::now()) {
+            assert_eq!(tx.hash, alloy_primitives::keccak256(raw));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(raw in proptest::collection::vec(any::<u8>(), 0..300)) {
+            check(&raw);
+        }
+
+        #[test]
+        fn mutated_transactions_never_panic(
+            seed in 0usize..3,
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+            cut in any::<usize>(),
+        ) {
+            let mut raw = tests::bytes(SEEDS[seed]);
+            for (at, value) in flips {
+                let i = at % raw.len();
+                raw[i] = value;
+            }
+            check(&raw);
+            check(&raw[..cut % (raw.len() + 1)]);
+        }
     }
 }

@@ -209,6 +209,19 @@ impl Sluice {
         format!("ws://{}", self.addr)
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory, from `/proc` (Linux), in bytes.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
     /// Kills the process at once (SIGKILL, as `kill -9`): no drain, no cleanup.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -46,10 +46,17 @@ async fn ten_times_the_capacity_is_shed_at_once_and_the_admitted_stay_fast() {
     let upstream = FakeUpstream::spawn(Fault::Slow(Duration::from_millis(300))).await;
     let (sluice, _config) = serve(&upstream, "[limits]\nmax_in_flight = 4");
     let client = reqwest::Client::new();
-    let results = burst(&client, &sluice.http_url(), None, 40).await;
+    let rss_before = sluice.rss_bytes().expect("/proc is readable");
+    // Warm-up, then 40 at once (10× the capacity), three times over.
+    let mut results = Vec::new();
+    for _ in 0..3 {
+        results = burst(&client, &sluice.http_url(), None, 40).await;
+    }
     let admitted: Vec<_> = results.iter().filter(|r| r.0 == 200).collect();
     let shed: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
     assert_eq!(admitted.len() + shed.len(), 40, "every request is answered, admitted or shed");
+    let rss_after = sluice.rss_bytes().expect("/proc is readable");
+    assert!(rss_after < rss_before + 64 * 1024 * 1024, "memory stays bounded: {rss_before} → {rss_after} bytes");
     assert!((4..=12).contains(&admitted.len()), "{} admitted", admitted.len());
     for (_, retry, body, latency) in &shed {
         assert_eq!((retry.as_deref(), body["error"]["code"].as_i64()), (Some("1"), Some(-32005)), "{body}");
