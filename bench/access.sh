@@ -15,16 +15,7 @@ quota=(SLUICE_ACCESS__KEYS__BENCH=t SLUICE_ACCESS__TIERS__T__PER_SECOND=10000000
 start_sluice OFF
 start_sluice MEMORY "${quota[@]}"
 start_sluice REDIS "${quota[@]}" SLUICE_ACCESS__REDIS_URL="redis://127.0.0.1:$redis_port"
-cat >"$work/keyed.lua" <<'LUA'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["x-api-key"] = "bench"
-wrk.body = '{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
-done = function(summary, latency, requests)
-  io.write(string.format("RESULT %.0f %.0f %.0f %.0f %d\n", summary.requests / (summary.duration / 1e6),
-    latency:percentile(50), latency:percentile(99), latency.max, summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
-end
-LUA
+lua keyed '{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}' bench
 rpc_keyed() { curl -sf "$1" -H 'content-type: application/json' -H 'x-api-key: bench' -d '{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'; }
 for url in "$MEMORY" "$REDIS"; do rpc_keyed "$url" | grep -q 0x7a69 || { echo "keyed call failed on $url" >&2; exit 1; }; done
 echo "| access control | concurrency | req/s | p50 / p99 µs | errors | req/s vs off |"

@@ -37,10 +37,13 @@ start_sluice() {  # start_sluice VAR [ENV=VALUE …]: starts sluice in front of 
 
 rpc() { curl -sf "$1" -H 'content-type: application/json' -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"$2\",\"params\":$3}"; }
 
-lua() {  # lua NAME BODY: a wrk script POSTing BODY
+lua() {  # lua NAME BODY [API_KEY]: a wrk script POSTing BODY (with x-api-key when given)
+  local key_header=""
+  [ -n "${3:-}" ] && key_header="wrk.headers[\"x-api-key\"] = \"$3\""
   cat >"$work/$1.lua" <<LUA
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+$key_header
 wrk.body = '$2'
 done = function(summary, latency, requests)
   io.write(string.format("RESULT %.0f %.0f %.0f %.0f %d\n", summary.requests / (summary.duration / 1e6),

@@ -145,12 +145,7 @@ async fn answer(
             if fail_method.is_some_and(|m| text.contains(&format!("\"{m}\""))) {
                 (502, "bad gateway".to_owned())
             } else {
-                let client = reqwest::Client::new();
-                let relayed = client.post(&to).header("content-type", "application/json").body(body).send().await;
-                match relayed {
-                    Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-                    Err(_) => (502, "relay failed".to_owned()),
-                }
+                relay(&to, body).await
             }
         }
         Fault::LogsLimit { to, max_range } => {
@@ -170,14 +165,7 @@ async fn answer(
                     serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32005, "message": "query returned more than 10000 results"}})
                         .to_string(),
                 ),
-                None => {
-                    let client = reqwest::Client::new();
-                    let relayed = client.post(&to).header("content-type", "application/json").body(body).send().await;
-                    match relayed {
-                        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-                        Err(_) => (502, "relay failed".to_owned()),
-                    }
-                }
+                None => relay(&to, body).await,
             }
         }
         Fault::Capacity { service, slots } => {
@@ -202,6 +190,15 @@ async fn answer(
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(payload.as_bytes()).await?;
     stream.shutdown().await
+}
+
+/// Forwards a body to the real node; its status and answer.
+async fn relay(to: &str, body: Vec<u8>) -> (u16, String) {
+    let relayed = reqwest::Client::new().post(to).header("content-type", "application/json").body(body).send().await;
+    match relayed {
+        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+        Err(_) => (502, "relay failed".to_owned()),
+    }
 }
 
 /// Reads one HTTP/1.1 request and returns its body.

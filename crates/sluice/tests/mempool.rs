@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use alloy_primitives::Address;
+use common::ws::{next, subscribe};
 use common::{wait_receipt, BIN, DEV_KEY};
 use serde_json::{json, Value};
 use sluice_bench::txgen::{Fees, SignedTx, Wallet};
@@ -312,31 +313,6 @@ async fn read_your_write_holds_for_1000_concurrent_senders() {
     assert_eq!(status["pending"], "0x3e8");
 }
 
-type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// The next text message as JSON, within two seconds.
-async fn next_message(ws: &mut Socket) -> Value {
-    use futures_util::StreamExt;
-    loop {
-        let message = tokio::time::timeout(Duration::from_secs(2), ws.next())
-            .await
-            .expect("a message within 2 s")
-            .expect("socket open")
-            .expect("message ok");
-        if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
-            return serde_json::from_str(&text).expect("JSON");
-        }
-    }
-}
-
-async fn subscribe(ws: &mut Socket, id: u64, params: Value) -> String {
-    use futures_util::SinkExt;
-    let body = json!({"jsonrpc": "2.0", "id": id, "method": "eth_subscribe", "params": params});
-    ws.send(tokio_tungstenite::tungstenite::Message::text(body.to_string())).await.expect("sent");
-    let answer = next_message(ws).await;
-    answer["result"].as_str().unwrap_or_else(|| panic!("subscribed: {answer}")).to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_pending_transactions_are_announced_from_the_pool_as_hashes_or_full() {
     let (_anvil, sluice) = manual_chain();
@@ -352,7 +328,7 @@ async fn new_pending_transactions_are_announced_from_the_pool_as_hashes_or_full(
     send(&client, &sluice.http_url(), &t0).await;
     let mut seen = Vec::new();
     for _ in 0..2 {
-        let event = next_message(&mut hashes).await;
+        let event = next(&mut hashes).await;
         assert_eq!(event["params"]["subscription"], json!(hashes_id));
         seen.push(event["params"]["result"].as_str().unwrap().to_owned());
     }
@@ -360,7 +336,7 @@ async fn new_pending_transactions_are_announced_from_the_pool_as_hashes_or_full(
     let mut want = vec![format!("{}", t0.hash), format!("{}", t1.hash)];
     want.sort();
     assert_eq!(seen, want);
-    let event = next_message(&mut full).await;
+    let event = next(&mut full).await;
     assert_eq!(event["params"]["subscription"], json!(full_id));
     let tx = &event["params"]["result"];
     assert_eq!(

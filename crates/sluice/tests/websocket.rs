@@ -4,42 +4,12 @@ mod common;
 
 use std::time::Duration;
 
+use common::ws::{connect, next, send, subscribe};
 use common::{Net, BIN, CONTRACT_INIT, DEV_ACCOUNT};
 use futures_util::{SinkExt, StreamExt};
-use serde_json::{json, Value};
+use serde_json::json;
 use sluice_testkit::{metric, rpc_result, Anvil, Sluice};
 use tokio_tungstenite::tungstenite::Message;
-
-type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn connect(url: &str) -> Socket {
-    tokio_tungstenite::connect_async(url).await.expect("websocket connects").0
-}
-
-async fn send(ws: &mut Socket, body: Value) {
-    ws.send(Message::text(body.to_string())).await.expect("sent");
-}
-
-/// The next JSON message, within two seconds.
-async fn next(ws: &mut Socket) -> Value {
-    loop {
-        let message = tokio::time::timeout(Duration::from_secs(2), ws.next())
-            .await
-            .expect("a message within 2 s")
-            .expect("socket open")
-            .expect("message ok");
-        if let Message::Text(text) = message {
-            return serde_json::from_str(&text).expect("JSON");
-        }
-    }
-}
-
-async fn subscribe(ws: &mut Socket, id: u64, params: Value) -> String {
-    send(ws, json!({"jsonrpc": "2.0", "id": id, "method": "eth_subscribe", "params": params})).await;
-    let answer = next(ws).await;
-    assert_eq!(answer["id"], id, "{answer}");
-    answer["result"].as_str().unwrap_or_else(|| panic!("subscribed: {answer}")).to_owned()
-}
 
 async fn mine(net: &Net) {
     rpc_result(&net.client, &net.anvil.http_url(), "evm_mine", json!([])).await;

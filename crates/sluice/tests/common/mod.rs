@@ -112,3 +112,43 @@ pub async fn wait_receipt(client: &reqwest::Client, url: &str, tx: &str) -> Valu
     }
     panic!("no receipt for {tx} after 2 s");
 }
+
+/// WebSocket clients for the tests.
+pub mod ws {
+    use std::time::Duration;
+
+    use futures_util::{SinkExt, StreamExt};
+    use serde_json::{json, Value};
+    use tokio_tungstenite::tungstenite::Message;
+
+    pub type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+    pub async fn connect(url: &str) -> Socket {
+        tokio_tungstenite::connect_async(url).await.expect("websocket connects").0
+    }
+
+    pub async fn send(ws: &mut Socket, body: Value) {
+        ws.send(Message::text(body.to_string())).await.expect("sent");
+    }
+
+    /// The next JSON message, within two seconds.
+    pub async fn next(ws: &mut Socket) -> Value {
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(2), ws.next())
+                .await
+                .expect("a message within 2 s")
+                .expect("socket open")
+                .expect("message ok");
+            if let Message::Text(text) = message {
+                return serde_json::from_str(&text).expect("JSON");
+            }
+        }
+    }
+
+    pub async fn subscribe(ws: &mut Socket, id: u64, params: Value) -> String {
+        send(ws, json!({"jsonrpc": "2.0", "id": id, "method": "eth_subscribe", "params": params})).await;
+        let answer = next(ws).await;
+        assert_eq!(answer["id"], id, "{answer}");
+        answer["result"].as_str().unwrap_or_else(|| panic!("subscribed: {answer}")).to_owned()
+    }
+}
