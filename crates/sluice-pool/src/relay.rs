@@ -9,6 +9,7 @@ use std::time::Instant;
 use alloy_primitives::B256;
 use serde_json::value::RawValue;
 use sluice_jsonrpc::{Id, Outcome, Request};
+use sluice_upstream::pool::is_already_known;
 use tokio::sync::mpsc;
 
 use crate::service::{Mempool, PoolView};
@@ -27,15 +28,14 @@ pub enum Verdict {
     Reject(String),
 }
 
-/// Reads a node's error message. Duplicates and "nonce too low" (mined meanwhile) are not
-/// refusals; anything else is.
-pub fn verdict(error_message: &str) -> Verdict {
-    let m = error_message.to_ascii_lowercase();
-    let benign = ["already known", "already imported", "known transaction", "nonce too low", "already in the mempool"];
-    if benign.iter().any(|b| m.contains(b)) {
+/// Reads a node's error answer. Duplicates (in every node's wording, as the upstream pool
+/// reads them) and "nonce too low" (mined meanwhile) are not refusals; anything else is.
+pub fn verdict(error: &RawValue) -> Verdict {
+    let message = error_message(error);
+    if is_already_known(error) || message.to_ascii_lowercase().contains("nonce too low") {
         Verdict::Keep
     } else {
-        Verdict::Reject(error_message.to_owned())
+        Verdict::Reject(message)
     }
 }
 
@@ -97,7 +97,7 @@ async fn send(mempool: &Mempool, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<
                 last_sent.insert(hash, now);
                 let verdict = match &a.outcome {
                     Outcome::Result(_) => Verdict::Keep,
-                    Outcome::Error(raw) => verdict(&error_message(raw)),
+                    Outcome::Error(raw) => verdict(raw),
                 };
                 match verdict {
                     Verdict::Keep => metrics::counter!("sluice_mempool_relayed_total", "kind" => kind).increment(1),
@@ -130,12 +130,13 @@ mod tests {
 
     #[test]
     fn duplicates_and_mined_are_kept_other_refusals_reject() {
-        assert_eq!(verdict("already known"), Verdict::Keep);
-        assert_eq!(verdict("transaction already imported"), Verdict::Keep);
-        assert_eq!(verdict("nonce too low: next nonce 5, tx nonce 4"), Verdict::Keep);
-        assert_eq!(
-            verdict("insufficient funds for gas * price + value"),
-            Verdict::Reject("insufficient funds for gas * price + value".into())
-        );
+        let error = |message: &str| {
+            RawValue::from_string(serde_json::json!({"code": -32000, "message": message}).to_string()).unwrap()
+        };
+        assert_eq!(verdict(&error("already known")), Verdict::Keep);
+        assert_eq!(verdict(&error("transaction already imported")), Verdict::Keep);
+        assert_eq!(verdict(&error("nonce too low: next nonce 5, tx nonce 4")), Verdict::Keep);
+        let poor = "insufficient funds for gas * price + value";
+        assert_eq!(verdict(&error(poor)), Verdict::Reject(poor.into()));
     }
 }

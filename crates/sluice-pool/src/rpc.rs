@@ -69,7 +69,7 @@ impl MempoolLayer {
             }
             "eth_getTransactionByHash" => {
                 let hash: B256 = parse(params.first())?;
-                snapshot.by_hash.get(&hash)?.to_rpc()
+                return snapshot.by_hash.get(&hash)?.to_rpc_raw().map(Outcome::Result);
             }
             "eth_getTransactionCount" => {
                 if params.get(1).and_then(Value::as_str) != Some("pending") {

@@ -28,14 +28,22 @@ pub struct Pooled {
 impl Pooled {
     /// The transaction as `eth_getTransactionByHash` shows a pending one: block fields null.
     pub fn to_rpc(&self) -> Value {
-        let tx = alloy_rpc_types_eth::Transaction {
+        serde_json::to_value(self.rpc_form()).unwrap_or(Value::Null)
+    }
+
+    /// The same, serialized straight to JSON text (the `eth_getTransactionByHash` answer).
+    pub fn to_rpc_raw(&self) -> Option<Box<serde_json::value::RawValue>> {
+        serde_json::value::to_raw_value(&self.rpc_form()).ok()
+    }
+
+    fn rpc_form(&self) -> alloy_rpc_types_eth::Transaction {
+        alloy_rpc_types_eth::Transaction {
             inner: Recovered::new_unchecked(self.envelope.clone(), self.tx.sender),
             block_hash: None,
             block_number: None,
             transaction_index: None,
             effective_gas_price: None,
-        };
-        serde_json::to_value(&tx).unwrap_or(Value::Null)
+        }
     }
 
     /// geth's `txpool_inspect` line: `to: value wei + gas gas × price wei`.
