@@ -263,7 +263,7 @@ async fn run_streams(conn: &Connection, shared: &Arc<Shared>, class: Class, stat
                     if shared.config.bidirectional {
                         conn.set_max_concurrent_bi_streams(VarInt::from_u32(credit.streams));
                     }
-                    let _ = conn.set_receive_window(VarInt::from_u64(credit.window).unwrap_or(VarInt::MAX));
+                    conn.set_receive_window(VarInt::from_u64(credit.window).unwrap_or(VarInt::MAX));
                 }
                 stats.credit.store(credit.streams as u64, Relaxed);
                 stats.rtt_us.store(rtt.as_micros() as u64, Relaxed);
