@@ -15,6 +15,7 @@ pub mod config;
 pub mod identity;
 pub mod limits;
 pub mod netem;
+pub mod null;
 pub mod qos;
 pub mod server;
 pub mod stats;

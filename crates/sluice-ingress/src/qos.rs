@@ -282,11 +282,15 @@ impl Qos {
     }
 }
 
-/// Credit = max(floor, rate × RTT) streams, capped; the window holds that many typical
-/// transactions and at least one of the largest.
+/// Credit beyond rate × RTT: QUIC hands credit back in MAX_STREAMS frames that ride on later
+/// packets, and timers are coarse, so exactly rate × RTT would idle the pipe now and then.
+pub const CREDIT_HEADROOM: f64 = 1.25;
+
+/// Credit = max(floor, rate × RTT × [`CREDIT_HEADROOM`]) streams, capped; the window holds that
+/// many typical transactions and at least one of the largest.
 pub fn credit_for(config: &QosConfig, rate: f64, rtt: Duration) -> Credit {
     let rtt = if config.rtt_scaling { rtt.min(config.max_rtt) } else { config.reference_rtt };
-    let wanted = (rate.max(0.0) * rtt.as_secs_f64()).ceil();
+    let wanted = (rate.max(0.0) * rtt.as_secs_f64() * CREDIT_HEADROOM).ceil();
     let streams = if wanted.is_finite() { wanted.min(config.max_streams as f64) as u32 } else { config.max_streams };
     let streams = streams.clamp(config.min_streams.min(config.max_streams), config.max_streams);
     let window = (streams as u64 * config.typical_tx_bytes as u64).max(config.max_tx_bytes as u64);
@@ -378,13 +382,13 @@ mod tests {
     #[test]
     fn credit_is_rate_times_rtt_within_bounds() {
         let c = config();
-        assert_eq!(credit_for(&c, 10_000.0, Duration::from_millis(130)).streams, 1_300);
+        assert_eq!(credit_for(&c, 10_000.0, Duration::from_millis(128)).streams, 1_600);
         assert_eq!(credit_for(&c, 10_000.0, Duration::from_millis(1)).streams, c.min_streams);
         // Capped at max_rtt.
-        assert_eq!(credit_for(&c, 10_000.0, Duration::from_secs(2)).streams, 3_500);
+        assert_eq!(credit_for(&c, 10_000.0, Duration::from_secs(2)).streams, 4_375);
         assert_eq!(credit_for(&c, 1e9, Duration::from_millis(300)).streams, c.max_streams);
         let fixed = QosConfig { rtt_scaling: false, ..c.clone() };
-        assert_eq!(credit_for(&fixed, 10_000.0, Duration::from_millis(300)).streams, 500);
+        assert_eq!(credit_for(&fixed, 10_000.0, Duration::from_millis(300)).streams, 625);
         assert!(credit_for(&c, 0.0, Duration::ZERO).window >= c.max_tx_bytes as u64);
     }
 
