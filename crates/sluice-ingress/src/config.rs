@@ -5,14 +5,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::identity::Identity;
 use crate::limits::ConnectionLimitsConfig;
 use crate::qos::QosConfig;
 
 /// The QUIC ingress's settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IngressConfig {
     /// The UDP address to listen on.

@@ -42,6 +42,9 @@ pub struct Config {
     /// API keys, tiers and quotas (see docs/access.md); absent: anyone may call, unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<sluice_access::AccessConfig>,
+    /// The QUIC transaction ingress (see docs/ingress.md); absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<sluice_ingress::IngressConfig>,
 }
 
 /// The method policy: denied methods are answered -32601 at once, never forwarded.
@@ -581,6 +584,10 @@ impl Config {
             anyhow::ensure!(value > 0, "{key}: must be more than zero");
         }
         anyhow::ensure!(!l.client_timeout.is_zero(), "limits.client_timeout: must be more than zero");
+        if let Some(ingress) = &self.ingress {
+            ingress.validate()?;
+            anyhow::ensure!(self.mempool.enabled, "ingress: needs the mempool ([mempool] enabled = true)");
+        }
         anyhow::ensure!(self.pool.max_attempts > 0, "pool.max_attempts: must be more than zero");
         anyhow::ensure!(!self.pool.deadline.is_zero(), "pool.deadline: must be more than zero");
         anyhow::ensure!(!self.pool.probe_interval.is_zero(), "pool.probe_interval: must be more than zero");

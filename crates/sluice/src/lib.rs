@@ -2,5 +2,6 @@
 
 pub mod config;
 pub mod dev;
+pub mod quic;
 pub mod report;
 pub mod serve;

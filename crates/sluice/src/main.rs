@@ -47,12 +47,19 @@ enum Command {
         /// Mine a block every N seconds (default: when a transaction arrives).
         #[arg(long)]
         block_time: Option<u64>,
+        /// UDP address for the QUIC transaction ingress.
+        #[arg(long, default_value = "127.0.0.1:8547")]
+        quic: SocketAddr,
     },
     /// Load tools: `sluice bench rpc URL` drives load; `sluice bench report` writes docs/benchmarks.md.
     Bench {
         #[command(subcommand)]
         action: BenchAction,
     },
+    /// Make a client or server key for the QUIC ingress and print its identity.
+    Keygen(sluice::quic::KeygenArgs),
+    /// Send raw transactions (hex lines from a file or stdin) over the QUIC ingress.
+    Send(sluice::quic::SendArgs),
     /// Configuration tools.
     Config {
         #[command(subcommand)]
@@ -100,7 +107,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let config = config::load(file.as_deref(), &Overrides { listen, upstreams })?;
             serve::run(config, serve::shutdown_signal()).await
         }
-        Command::Dev { listen, anvil, anvil_port, block_time } => {
+        Command::Dev { listen, anvil, anvil_port, block_time, quic } => {
             let anvil = dev::find_anvil(anvil.as_deref())?;
             let port = match anvil_port {
                 Some(port) => port,
@@ -112,6 +119,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             println!("funded dev account 0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266, key 0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80");
             let mut config = config::load_layers(None, &Overrides { listen: Some(listen), upstreams: vec![] })?;
             config.upstreams = vec![UpstreamConfig::from_url(upstream)];
+            if config.mempool.enabled {
+                config.ingress.get_or_insert_with(Default::default).listen = quic;
+            }
             config.validate()?;
             let result = serve::run(config, serve::shutdown_signal()).await;
             let _ = child.kill().await;
@@ -121,6 +131,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench { action: BenchAction::Rpc(args) } => sluice_bench::cli::run_rpc(args).await,
         Command::Bench { action: BenchAction::Ingest(args) } => sluice_bench::ingest::run_ingest(args).await,
         Command::Bench { action: BenchAction::Report(args) } => sluice::report::run_report(args).await,
+        Command::Keygen(args) => sluice::quic::run_keygen(args),
+        Command::Send(args) => sluice::quic::run_send(args).await,
         Command::Config { action: ConfigAction::Validate { file } } => {
             let config = config::validate_file(&file)?;
             println!("{}: ok ({} upstream(s), listen {})", file.display(), config.upstreams.len(), config.listen);

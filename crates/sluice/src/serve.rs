@@ -6,6 +6,7 @@ use std::sync::Arc;
 use sluice_cache::{CacheLayer, RedisConfig, RedisTier};
 use sluice_gateway::policy::MethodPolicy;
 use sluice_gateway::{FeedStream, Gateway, Limits, LocalFeeds};
+use sluice_ingress::{Ingress, IngressConfig, KeyPair};
 use std::time::Duration;
 
 use sluice_jsonrpc::{Id, Outcome, Request};
@@ -66,6 +67,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         upstreams = layer;
         mempool = Some(pool);
     }
+    let ingress = match (&config.ingress, &mempool) {
+        (Some(settings), Some(pool)) => Some(start_ingress(settings, pool.clone())?),
+        _ => None,
+    };
     let policy = MethodPolicy::new(config.methods.deny.clone(), config.methods.allow.clone());
     let mut gateway =
         Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits)).with_method_policy(policy);
@@ -92,6 +97,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     println!("sluice listening on http://{addr} and ws://{addr} (upstream {http_url}, {} in all)", names.len());
     tracing::info!(%addr, upstream = %http_url, upstreams = names.len(), "serving");
     sluice_gateway::serve(listener, gateway, shutdown).await;
+    if let Some(ingress) = ingress {
+        ingress.shutdown().await;
+    }
     tracing::info!("stopped");
     Ok(())
 }
@@ -168,6 +176,17 @@ async fn with_mempool(
     }
     let mempool = Mempool::start(settings, upstream, feed).await.map_err(anyhow::Error::msg)?;
     Ok((Arc::new(MempoolLayer::new(inner, mempool.clone())), mempool))
+}
+
+/// Starts the QUIC ingress in front of the mempool, with its key (made on first start).
+fn start_ingress(settings: &IngressConfig, mempool: Arc<Mempool>) -> anyhow::Result<Ingress> {
+    let key = KeyPair::load_or_generate(&settings.key)?;
+    let ingress = Ingress::start(settings.clone(), &key, mempool)?;
+    let addr = ingress.local_addr();
+    // One line on stdout, like the HTTP listener's, for people and scripts.
+    println!("sluice ingress on quic://{addr} (ALPN sluice-tx/1, server identity {})", ingress.identity());
+    tracing::info!(%addr, identity = %ingress.identity(), weights = settings.weights.len(), "QUIC ingress on");
+    Ok(ingress)
 }
 
 /// `eth_subscribe("newPendingTransactions"[, true])` from the mempool: hashes, or full
