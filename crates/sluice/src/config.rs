@@ -698,6 +698,29 @@ mod tests {
     }
 
     #[test]
+    fn the_ingress_section_is_checked() {
+        let base = "[[upstreams]]\nurl = \"http://127.0.0.1:1\"\n";
+        let id = "ab".repeat(32);
+        let ok = super::parse_toml(&format!(
+            "{base}[ingress]\nlisten = \"127.0.0.1:9547\"\nmax_rtt = \"300ms\"\n[ingress.weights]\n\"{id}\" = 3\n"
+        ))
+        .unwrap();
+        let ingress = ok.ingress.expect("on when the section is present");
+        assert_eq!((ingress.listen.port(), ingress.max_rtt.as_millis(), ingress.weights[&id]), (9547, 300, 3.0));
+        assert!(super::parse_toml(base).unwrap().ingress.is_none(), "off by default");
+        for (bad, says) in [
+            ("[ingress.weights]\n\"nothex\" = 1\n", "identity"),
+            (&format!("[ingress.weights]\n\"{id}\" = 0\n"), "positive"),
+            ("[ingress]\nunknown_share = 2.0\n", "unknown_share"),
+            ("[ingress]\nnope = 1\n", "nope"),
+            ("[mempool]\nenabled = false\n[ingress]\n", "needs the mempool"),
+        ] {
+            let e = super::parse_toml(&format!("{base}{bad}")).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
     fn flags_win_over_env_and_file() {
         // Env is process-wide: this is the only test that sets SLUICE_* variables.
         let f =
@@ -732,7 +755,8 @@ mod properties {
             Just("[cache]\n"), Just("[mempool]\n"), Just("[access]\n"), Just("[access.tiers.t]\n"), Just("[logs]\n"),
             Just("[[upstreams]]\n"), Just("url = \"http://127.0.0.1:1\"\n"), Just("enabled = false\n"),
             Just("per_second = -1\n"), Just("max_block_range = 0\n"), Just("deny = [\"a*b\"]\n"), Just("x = 1\n"),
-            Just("listen = \"nope\"\n"), Just("timeout = \"5s\"\n"), Just("fsync = \"never\"\n"), Just("=\n"), Just("\"\n"),
+            Just("listen = \"nope\"\n"), Just("timeout = \"5s\"\n"), Just("[ingress]\n"), Just("[ingress.weights]\n"),
+            Just("capacity = 0\n"), Just("min_streams = 0\n"), Just("fsync = \"never\"\n"), Just("=\n"), Just("\"\n"),
         ], 0..12)) {
             let _ = super::parse_toml(&parts.concat());
         }
