@@ -135,8 +135,20 @@ async fn fund(node: &HttpUpstream, wallets: &[Wallet]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Funds the wallets with `anvil_setBalance` through `url`.
+pub(crate) async fn fund_at(url: &str, wallets: &[Wallet]) -> anyhow::Result<()> {
+    let node = HttpUpstream::new(HttpUpstreamConfig {
+        name: "fund".into(),
+        url: url.to_string(),
+        timeout: Duration::from_secs(30),
+        max_response_bytes: 64 << 20,
+    })
+    .map_err(anyhow::Error::msg)?;
+    fund(&node, wallets).await
+}
+
 /// Signs `total` transfers round-robin over the wallets, on every core.
-fn sign(wallets: &[Wallet], total: u64) -> Vec<SignedTx> {
+pub(crate) fn sign(wallets: &[Wallet], total: u64) -> Vec<SignedTx> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let n = wallets.len() as u64;
     let mut parts: Vec<Vec<(u64, SignedTx)>> = std::thread::scope(|s| {

@@ -9,6 +9,7 @@
 pub mod cli;
 pub mod ingest;
 pub mod mix;
+pub mod quic;
 pub mod report;
 pub mod run;
 pub mod schedule;

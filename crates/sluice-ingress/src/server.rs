@@ -237,7 +237,6 @@ fn peer_identity(conn: &Connection) -> Option<Identity> {
 }
 
 async fn run_streams(conn: &Connection, shared: &Arc<Shared>, class: Class, stats: &Arc<ClassStats>) {
-    let label = class.label();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut granted = 0;
     loop {
@@ -267,8 +266,8 @@ async fn run_streams(conn: &Connection, shared: &Arc<Shared>, class: Class, stat
                 }
                 stats.credit.store(credit.streams as u64, Relaxed);
                 stats.rtt_us.store(rtt.as_micros() as u64, Relaxed);
-                metrics::gauge!("sluice_ingress_credit_streams", "identity" => label.clone()).set(credit.streams as f64);
-                metrics::gauge!("sluice_ingress_rtt_seconds", "identity" => label.clone()).set(rtt.as_secs_f64());
+                stats.metrics.credit.set(credit.streams as f64);
+                stats.metrics.rtt.set(rtt.as_secs_f64());
             }
         }
     }
@@ -283,55 +282,54 @@ async fn serve_stream(
     mut recv: RecvStream,
     reply: Option<SendStream>,
 ) {
-    let label = class.label();
+    let m = &stats.metrics;
     let admission = shared.qos().admit(shared.now(), class);
     if let Admission::At(at) = admission {
         stats.throttled.fetch_add(1, Relaxed);
-        metrics::counter!("sluice_ingress_streams_total", "identity" => label.clone(), "outcome" => "throttled")
-            .increment(1);
+        m.throttled.increment(1);
         tokio::time::sleep_until(shared.instant_of(at)).await;
     }
     let started = Instant::now();
     let max = shared.config.max_tx_bytes as usize;
-    let outcome = match tokio::time::timeout(shared.config.stream_timeout, recv.read_to_end(max)).await {
+    match tokio::time::timeout(shared.config.stream_timeout, recv.read_to_end(max)).await {
         Err(_) => {
             let _ = recv.stop(VarInt::from_u32(codes::TIMED_OUT));
             stats.timed_out.fetch_add(1, Relaxed);
-            "timed_out"
+            m.abuse[3].increment(1);
         }
         Ok(Err(quinn::ReadToEndError::TooLong)) => {
             let _ = recv.stop(VarInt::from_u32(codes::TOO_LARGE));
             stats.oversized.fetch_add(1, Relaxed);
-            "oversized"
+            m.abuse[0].increment(1);
         }
         Ok(Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(_)))) => {
             stats.truncated.fetch_add(1, Relaxed);
-            "truncated"
+            m.abuse[1].increment(1);
         }
         // The connection went away: not the stream's fault, nothing to count against it.
-        Ok(Err(_)) => return,
+        Ok(Err(_)) => {}
         Ok(Ok(data)) if data.is_empty() => {
             stats.empty.fetch_add(1, Relaxed);
+            m.abuse[2].increment(1);
             if let Some(send) = reply {
                 answer(send, &serde_json::json!({ "error": { "code": -32602, "message": "empty stream" } })).await;
             }
-            "empty"
         }
         Ok(Ok(data)) => {
             stats.bytes.fetch_add(data.len() as u64, Relaxed);
-            metrics::counter!("sluice_ingress_bytes_total", "identity" => label.clone()).increment(data.len() as u64);
+            m.bytes.increment(data.len() as u64);
             let result = shared.intake.submit(data.into(), Origin::Quic).await;
-            let outcome = match &result {
+            match &result {
                 Ok(_) => {
                     shared.stats.latency.record(started.elapsed());
                     stats.accepted.fetch_add(1, Relaxed);
-                    "accepted"
+                    m.accepted.increment(1);
                 }
                 Err(_) => {
                     stats.rejected.fetch_add(1, Relaxed);
-                    "rejected"
+                    m.rejected.increment(1);
                 }
-            };
+            }
             if let Some(send) = reply {
                 let body = match result {
                     Ok(hash) => serde_json::json!({ "hash": hash }),
@@ -339,10 +337,8 @@ async fn serve_stream(
                 };
                 answer(send, &body).await;
             }
-            outcome
         }
-    };
-    metrics::counter!("sluice_ingress_streams_total", "identity" => label, "outcome" => outcome).increment(1);
+    }
 }
 
 async fn answer(mut send: SendStream, body: &serde_json::Value) {

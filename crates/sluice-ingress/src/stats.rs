@@ -10,9 +10,46 @@ use serde::Serialize;
 
 use crate::qos::Class;
 
+/// Prometheus handles of one class, made once so the per-stream path neither formats labels
+/// nor looks them up.
+#[derive(Debug, Clone)]
+pub struct ClassMetrics {
+    /// `sluice_ingress_streams_total{outcome="accepted"}`.
+    pub accepted: metrics::Counter,
+    /// `…{outcome="rejected"}`.
+    pub rejected: metrics::Counter,
+    /// `…{outcome="throttled"}`.
+    pub throttled: metrics::Counter,
+    /// `…{outcome="oversized"|"truncated"|"empty"|"timed_out"}`.
+    pub abuse: [metrics::Counter; 4],
+    /// `sluice_ingress_bytes_total`.
+    pub bytes: metrics::Counter,
+    /// `sluice_ingress_credit_streams`.
+    pub credit: metrics::Gauge,
+    /// `sluice_ingress_rtt_seconds`.
+    pub rtt: metrics::Gauge,
+}
+
+impl ClassMetrics {
+    fn new(label: &str) -> Self {
+        let streams = |outcome: &'static str| metrics::counter!("sluice_ingress_streams_total", "identity" => label.to_string(), "outcome" => outcome);
+        ClassMetrics {
+            accepted: streams("accepted"),
+            rejected: streams("rejected"),
+            throttled: streams("throttled"),
+            abuse: [streams("oversized"), streams("truncated"), streams("empty"), streams("timed_out")],
+            bytes: metrics::counter!("sluice_ingress_bytes_total", "identity" => label.to_string()),
+            credit: metrics::gauge!("sluice_ingress_credit_streams", "identity" => label.to_string()),
+            rtt: metrics::gauge!("sluice_ingress_rtt_seconds", "identity" => label.to_string()),
+        }
+    }
+}
+
 /// What happened to streams and connections of one class.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ClassStats {
+    /// Its Prometheus handles.
+    pub metrics: ClassMetrics,
     /// Transactions the pool accepted.
     pub accepted: AtomicU64,
     /// Transactions the pool refused (invalid, refused by its rules, unavailable or busy).
@@ -82,7 +119,7 @@ impl ClassStats {
     }
 }
 
-/// Stream-to-pool latency in 25 µs buckets up to 25 ms (and one overflow bucket): fixed memory,
+/// Stream-to-pool latency in 25 µs buckets up to 100 ms (and one overflow bucket): fixed memory,
 /// lock-free recording.
 #[derive(Debug)]
 pub struct Latency {
@@ -90,7 +127,7 @@ pub struct Latency {
 }
 
 const BUCKET_US: u64 = 25;
-const BUCKETS: usize = 1_000;
+const BUCKETS: usize = 4_000;
 
 impl Default for Latency {
     fn default() -> Self {
@@ -156,7 +193,26 @@ impl Stats {
     /// The counters of `class` (made on first use; one entry per configured identity, plus one).
     pub fn class(&self, class: Class) -> Arc<ClassStats> {
         let mut classes = self.classes.lock().unwrap_or_else(|e| e.into_inner());
-        classes.entry(class.label()).or_default().clone()
+        let label = class.label();
+        classes
+            .entry(label.clone())
+            .or_insert_with(|| {
+                Arc::new(ClassStats {
+                    metrics: ClassMetrics::new(&label),
+                    accepted: AtomicU64::new(0),
+                    rejected: AtomicU64::new(0),
+                    throttled: AtomicU64::new(0),
+                    oversized: AtomicU64::new(0),
+                    truncated: AtomicU64::new(0),
+                    empty: AtomicU64::new(0),
+                    timed_out: AtomicU64::new(0),
+                    bytes: AtomicU64::new(0),
+                    credit: AtomicU64::new(0),
+                    rtt_us: AtomicU64::new(0),
+                    connections: AtomicU64::new(0),
+                })
+            })
+            .clone()
     }
 
     /// Counts a refused connection.
@@ -198,6 +254,6 @@ mod tests {
         assert_eq!(l.quantile(0.5), Some(Duration::from_micros(525)));
         assert_eq!(l.quantile(0.99), Some(Duration::from_micros(1_000)));
         l.record(Duration::from_secs(5));
-        assert_eq!(l.quantile(1.0), Some(Duration::from_micros(25_025)));
+        assert_eq!(l.quantile(1.0), Some(Duration::from_micros(100_025)));
     }
 }

@@ -73,6 +73,9 @@ enum BenchAction {
     Rpc(sluice_bench::cli::RpcArgs),
     /// Send signed transactions at a constant rate (eth_sendRawTransaction) and report.
     Ingest(sluice_bench::ingest::IngestArgs),
+    /// The QUIC ingress: `rtt` (one client through emulated RTTs) or `load` (many clients).
+    #[command(subcommand)]
+    Quic(sluice_bench::quic::QuicCommand),
     /// Run the benchmark scenarios against a fresh anvil, directly and through sluice, and
     /// write benchmarks.md with plots.
     Report(sluice::report::ReportArgs),
@@ -130,6 +133,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Bench { action: BenchAction::Rpc(args) } => sluice_bench::cli::run_rpc(args).await,
         Command::Bench { action: BenchAction::Ingest(args) } => sluice_bench::ingest::run_ingest(args).await,
+        Command::Bench { action: BenchAction::Quic(command) } => sluice_bench::quic::run_quic(command).await,
         Command::Bench { action: BenchAction::Report(args) } => sluice::report::run_report(args).await,
         Command::Keygen(args) => sluice::quic::run_keygen(args),
         Command::Send(args) => sluice::quic::run_send(args).await,

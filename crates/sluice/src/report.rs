@@ -37,6 +37,10 @@ pub struct ReportArgs {
     /// Concurrency levels for the fixed-concurrency scenarios.
     #[arg(long, value_delimiter = ',', default_value = "10,64,256")]
     pub concurrency: Vec<usize>,
+    /// Measured time per point of the QUIC RTT sweep (after a 4 s warm-up), with and without
+    /// RTT scaling; `0s` skips the sweep.
+    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
+    pub quic: Duration,
     /// Path to anvil (default: the project's .tools folder, then PATH).
     #[arg(long)]
     pub anvil: Option<PathBuf>,
@@ -214,10 +218,32 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
         rows: vec![mix_row],
     });
 
-    write(&args, &sections, ramp_row, &mix_text).await
+    let quic = if args.quic.is_zero() {
+        None
+    } else {
+        eprintln!("scenario f: the QUIC ingress through emulated RTTs");
+        let sweep = sluice_bench::quic::RttArgs {
+            rtts: vec![30, 130, 220, 320],
+            rate: 10_000.0,
+            capacity: 12_000.0,
+            duration: args.quic,
+            warmup: Duration::from_secs(4),
+            tx_bytes: 150,
+            json: false,
+        };
+        Some((sluice_bench::quic::rtt_table(&sluice_bench::quic::rtt_sweep(&sweep).await?), sweep))
+    };
+
+    write(&args, &sections, ramp_row, &mix_text, quic).await
 }
 
-async fn write(args: &ReportArgs, sections: &[Section], ramp: Row, mix_text: &str) -> anyhow::Result<()> {
+async fn write(
+    args: &ReportArgs,
+    sections: &[Section],
+    ramp: Row,
+    mix_text: &str,
+    quic: Option<(String, sluice_bench::quic::RttArgs)>,
+) -> anyhow::Result<()> {
     let plots = args.out.join("bench");
     std::fs::create_dir_all(&plots)?;
     let all: Vec<(String, &Row)> = sections.iter().flat_map(|s| s.rows.iter().map(|r| (r.case.clone(), r))).collect();
@@ -253,7 +279,27 @@ async fn write(args: &ReportArgs, sections: &[Section], ramp: Row, mix_text: &st
     md.push_str("![ramp](bench/ramp.svg)\n\n");
     md.push_str(&section_markdown(&sections[2]));
     md.push_str(&format!("```toml\n{mix_text}```\n\n"));
-    md.push_str("## e. Pool reads under ingest\n\nNot measured yet: this scenario needs the mempool (issue 5).\n\n");
+    md.push_str(
+        "## e. Pool reads under ingest\n\nMeasured by `bench/mempool.sh` (it needs wrk-style read mixes over a \
+         filled pool); figures and commands in [mempool.md](mempool.md).\n\n",
+    );
+    if let Some((table, sweep)) = quic {
+        md.push_str(&format!(
+            "## f. QUIC ingress: one client through an emulated RTT\n\n\
+             One client offers {:.0} tx/s, one transaction per stream, to an in-process ingress (capacity {:.0} tx/s) \
+             in front of the counting intake, a stand-in pool that takes everything, so this measures the \
+             transport and the credit. The RTT is added by the client's delaying socket (docs/ingress.md). \
+             \"Fixed credit\" sizes credit for a 50 ms RTT whatever the real one, as before Agave's change. \
+             Agave's figures are theirs (one client, public internet), for comparison only.\n\n\
+             Command: `sluice bench quic rtt --rate {:.0} --capacity {:.0} -d {}s --warmup {}s`\n\n{table}\n",
+            sweep.rate,
+            sweep.capacity,
+            sweep.rate,
+            sweep.capacity,
+            sweep.duration.as_secs_f64(),
+            sweep.warmup.as_secs_f64()
+        ));
+    }
     md.push_str("## Latency overview\n\n![latency](bench/latency.svg)\n\n");
     md.push_str(
         "Other measurements, from scripts with wrk (heavy cached answers, coalescing): see \
