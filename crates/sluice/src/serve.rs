@@ -71,6 +71,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         (Some(settings), Some(pool)) => Some(start_ingress(settings, pool.clone())?),
         _ => None,
     };
+    if let Some(ingress) = &ingress {
+        upstreams = Arc::new(IngressStatus { inner: upstreams, stats: ingress.stats() });
+    }
     let policy = MethodPolicy::new(config.methods.deny.clone(), config.methods.allow.clone());
     let mut gateway =
         Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits)).with_method_policy(policy);
@@ -187,6 +190,35 @@ fn start_ingress(settings: &IngressConfig, mempool: Arc<Mempool>) -> anyhow::Res
     println!("sluice ingress on quic://{addr} (ALPN sluice-tx/1, server identity {})", ingress.identity());
     tracing::info!(%addr, identity = %ingress.identity(), weights = settings.weights.len(), "QUIC ingress on");
     Ok(ingress)
+}
+
+/// Adds the QUIC ingress's counters to `/status`; calls pass straight through.
+struct IngressStatus {
+    inner: Arc<dyn Upstreams>,
+    stats: Arc<sluice_ingress::Stats>,
+}
+
+#[async_trait::async_trait]
+impl Upstreams for IngressStatus {
+    async fn call(&self, req: &Request) -> Result<Answer, sluice_upstream::UpstreamError> {
+        self.inner.call(req).await
+    }
+
+    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, sluice_upstream::UpstreamError>> {
+        self.inner.call_batch(reqs).await
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let ingress = serde_json::to_value(self.stats.snapshot()).unwrap_or_default();
+        match self.inner.status() {
+            serde_json::Value::Object(mut map) => {
+                map.insert("ingress".into(), ingress);
+                serde_json::Value::Object(map)
+            }
+            serde_json::Value::Null => serde_json::json!({ "ingress": ingress }),
+            other => serde_json::json!({ "upstreams": other, "ingress": ingress }),
+        }
+    }
 }
 
 /// `eth_subscribe("newPendingTransactions"[, true])` from the mempool: hashes, or full

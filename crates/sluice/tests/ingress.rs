@@ -91,6 +91,11 @@ async fn transactions_sent_over_quic_are_pooled_and_mined() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 
+    // /status counts them under the unknown class (this client's key has no weight).
+    let status: serde_json::Value = http.get(format!("{url}/status")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(status["ingress"]["classes"]["unknown"]["accepted"], 20, "{status}");
+    assert_eq!(status["ingress"]["classes"]["unknown"]["rejected"], 1, "{status}");
+
     // anvil mines them once they are relayed.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     rpc_result(&http, &anvil.http_url(), "evm_mine", json!([])).await;
