@@ -97,7 +97,21 @@ pub fn decode(raw: &[u8], rules: &Rules, arrived: Instant) -> Result<(PoolTx, Tx
     if raw.len() > rules.max_size {
         return Err(DecodeError::Oversized);
     }
-    let envelope = TxEnvelope::decode_2718(&mut &raw[..]).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    // What eth_sendRawTransaction takes is canonical EIP-2718: a type byte (≤ 0x7f) or a legacy RLP
+    // list (≥ 0xc0). alloy's decoder also takes typed transactions wrapped in an RLP string (the
+    // devp2p form), whose bytes then differ from the transaction's own: refuse that, or the hash we
+    // answer would not be keccak of what the caller sent, and relays would forward foreign bytes.
+    if matches!(raw.first(), Some(0x80..=0xbf)) {
+        return Err(DecodeError::Malformed("not canonical EIP-2718 (an RLP string header)".into()));
+    }
+    let mut rest = raw;
+    let envelope = TxEnvelope::decode_2718(&mut rest).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(DecodeError::Malformed(format!("{} bytes after the transaction", rest.len())));
+    }
+    if alloy_eips::eip2718::Encodable2718::encode_2718_len(&envelope) != raw.len() {
+        return Err(DecodeError::Malformed("not canonical EIP-2718".into()));
+    }
     if envelope.is_eip4844() {
         return Err(DecodeError::BlobsNotSupported);
     }
@@ -215,6 +229,18 @@ mod tests {
 
     fn hex32(hex: &str) -> [u8; 32] {
         bytes(hex).try_into().unwrap()
+    }
+
+    #[test]
+    fn typed_transactions_wrapped_in_an_rlp_string_are_refused() {
+        // Found by the `mutated_transactions_never_panic` property: 0x80 in front of a type-1
+        // transaction's list decoded, with a hash that was not keccak of the bytes sent.
+        let mut raw = bytes(EIP2930);
+        raw[0] = 0x80;
+        assert!(matches!(decode(&raw, &rules(), Instant::now()), Err(DecodeError::Malformed(_))));
+        let mut trailing = bytes(EIP1559);
+        trailing.push(0);
+        assert!(matches!(decode(&trailing, &rules(), Instant::now()), Err(DecodeError::Malformed(_))));
     }
 
     #[test]
