@@ -51,13 +51,26 @@ impl Anvil {
         Self::spawn_with(&[])
     }
 
-    /// Starts anvil with extra arguments and waits until it accepts connections.
+    /// Starts anvil with extra arguments and waits until it answers JSON-RPC.
+    ///
+    /// A free port can be taken by another process between the check and anvil's bind (tests
+    /// run in parallel), and then something else answers on it while anvil exits: so the port
+    /// must answer `eth_chainId`, from an anvil that is still running, or a new port is tried.
     pub fn spawn_with(args: &[&str]) -> Self {
-        Self::spawn_on(free_port(), args)
+        for _ in 0..5 {
+            if let Some(anvil) = Self::try_spawn(free_port(), args) {
+                return anvil;
+            }
+        }
+        panic!("anvil did not start on any of 5 free ports");
     }
 
     /// Starts anvil on a given port (to bring a killed node back where it was).
     pub fn spawn_on(port: u16, args: &[&str]) -> Self {
+        Self::try_spawn(port, args).unwrap_or_else(|| panic!("anvil did not start on port {port}"))
+    }
+
+    fn try_spawn(port: u16, args: &[&str]) -> Option<Self> {
         let child = Command::new(foundry_tool("anvil"))
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(args)
@@ -65,9 +78,18 @@ impl Anvil {
             .stderr(Stdio::null())
             .spawn()
             .expect("anvil starts");
-        let anvil = Anvil { child, port };
-        wait_for_port(port, Duration::from_secs(30));
-        anvil
+        let mut anvil = Anvil { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = anvil.child.try_wait() {
+                return None;
+            }
+            if answers_chain_id(port) {
+                return Some(anvil);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        None
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -86,6 +108,25 @@ impl Drop for Anvil {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether an Ethereum JSON-RPC server answers `eth_chainId` on the port (plain std I/O, so it
+/// works outside any runtime).
+fn answers_chain_id(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}"#;
+    let request = format!(
+        "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.contains("\"result\"")
 }
 
 fn wait_for_port(port: u16, within: Duration) {
