@@ -8,6 +8,7 @@
 
 pub mod cli;
 pub mod ingest;
+pub mod mesh;
 pub mod mix;
 pub mod quic;
 pub mod report;

@@ -45,6 +45,9 @@ pub struct Config {
     /// The QUIC transaction ingress (see docs/ingress.md); absent: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress: Option<sluice_ingress::IngressConfig>,
+    /// The peer mesh with other sluice nodes (see docs/mesh.md); absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<sluice_mesh::MeshSettings>,
 }
 
 /// The method policy: denied methods are answered -32601 at once, never forwarded.
@@ -588,6 +591,10 @@ impl Config {
             ingress.validate()?;
             anyhow::ensure!(self.mempool.enabled, "ingress: needs the mempool ([mempool] enabled = true)");
         }
+        if let Some(mesh) = &self.mesh {
+            mesh.parse().map_err(anyhow::Error::msg)?;
+            anyhow::ensure!(self.mempool.enabled, "mesh: needs the mempool ([mempool] enabled = true)");
+        }
         anyhow::ensure!(self.pool.max_attempts > 0, "pool.max_attempts: must be more than zero");
         anyhow::ensure!(!self.pool.deadline.is_zero(), "pool.deadline: must be more than zero");
         anyhow::ensure!(!self.pool.probe_interval.is_zero(), "pool.probe_interval: must be more than zero");
@@ -714,6 +721,26 @@ mod tests {
             ("[ingress]\nunknown_share = 2.0\n", "unknown_share"),
             ("[ingress]\nnope = 1\n", "nope"),
             ("[mempool]\nenabled = false\n[ingress]\n", "needs the mempool"),
+        ] {
+            let e = super::parse_toml(&format!("{base}{bad}")).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_mesh_section_is_checked() {
+        let base = "[[upstreams]]\nurl = \"http://127.0.0.1:1\"\n";
+        let ok = super::parse_toml(&format!(
+            "{base}[mesh]\nlisten = [\"/ip4/127.0.0.1/udp/9100/quic-v1\"]\ndeadline = \"7s\"\n"
+        ))
+        .unwrap();
+        let mesh = ok.mesh.expect("on when the section is present").parse().unwrap();
+        assert_eq!(mesh.outbox.deadline.as_secs(), 7);
+        for (bad, says) in [
+            ("[mesh]\nlisten = [\"not an address\"]\n", "mesh.listen"),
+            ("[mesh]\npeers = [\"/ip4/127.0.0.1/udp/1/quic-v1\"]\n", "/p2p/"),
+            ("[mesh]\nmax_in_flight = 0\n", "max_in_flight"),
+            ("[mempool]\nenabled = false\n[mesh]\n", "needs the mempool"),
         ] {
             let e = super::parse_toml(&format!("{base}{bad}")).unwrap_err().to_string();
             assert!(e.contains(says), "{bad:?}: {e}");

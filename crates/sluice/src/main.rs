@@ -76,6 +76,8 @@ enum BenchAction {
     /// The QUIC ingress: `rtt` (one client through emulated RTTs) or `load` (many clients).
     #[command(subcommand)]
     Quic(sluice_bench::quic::QuicCommand),
+    /// The peer mesh: N nodes in this process, transactions injected at random nodes.
+    Mesh(sluice_bench::mesh::MeshArgs),
     /// Run the benchmark scenarios against a fresh anvil, directly and through sluice, and
     /// write benchmarks.md with plots.
     Report(sluice::report::ReportArgs),
@@ -134,6 +136,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench { action: BenchAction::Rpc(args) } => sluice_bench::cli::run_rpc(args).await,
         Command::Bench { action: BenchAction::Ingest(args) } => sluice_bench::ingest::run_ingest(args).await,
         Command::Bench { action: BenchAction::Quic(command) } => sluice_bench::quic::run_quic(command).await,
+        Command::Bench { action: BenchAction::Mesh(args) } => sluice_bench::mesh::run_mesh(args).await,
         Command::Bench { action: BenchAction::Report(args) } => sluice::report::run_report(args).await,
         Command::Keygen(args) => sluice::quic::run_keygen(args),
         Command::Send(args) => sluice::quic::run_send(args).await,

@@ -71,8 +71,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         (Some(settings), Some(pool)) => Some(start_ingress(settings, pool.clone())?),
         _ => None,
     };
-    if let Some(ingress) = &ingress {
-        upstreams = Arc::new(IngressStatus { inner: upstreams, stats: ingress.stats() });
+    let mesh = match (&config.mesh, &mempool) {
+        (Some(settings), Some(pool)) => Some(start_mesh(settings, pool.clone()).await?),
+        _ => None,
+    };
+    if ingress.is_some() || mesh.is_some() {
+        upstreams = Arc::new(ExtraStatus {
+            inner: upstreams,
+            ingress: ingress.as_ref().map(|i| i.stats()),
+            mesh: mesh.clone(),
+        });
     }
     let policy = MethodPolicy::new(config.methods.deny.clone(), config.methods.allow.clone());
     let mut gateway =
@@ -102,6 +110,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     sluice_gateway::serve(listener, gateway, shutdown).await;
     if let Some(ingress) = ingress {
         ingress.shutdown().await;
+    }
+    if let Some(mesh) = mesh {
+        mesh.shutdown().await;
     }
     tracing::info!("stopped");
     Ok(())
@@ -192,14 +203,47 @@ fn start_ingress(settings: &IngressConfig, mempool: Arc<Mempool>) -> anyhow::Res
     Ok(ingress)
 }
 
-/// Adds the QUIC ingress's counters to `/status`; calls pass straight through.
-struct IngressStatus {
+/// Starts the peer mesh and feeds it the mempool's newly executable transactions.
+async fn start_mesh(settings: &sluice_mesh::MeshSettings, mempool: Arc<Mempool>) -> anyhow::Result<sluice_mesh::Mesh> {
+    let key = sluice_mesh::load_or_generate_key(&settings.key).map_err(anyhow::Error::msg)?;
+    let config = settings.parse().map_err(anyhow::Error::msg)?;
+    let mesh = sluice_mesh::Mesh::start(config, key, mempool.clone()).await?;
+    let addresses: Vec<String> = mesh.addresses().iter().map(|a| a.to_string()).collect();
+    // One line on stdout, for people and scripts (other nodes list these addresses as peers).
+    println!("sluice mesh peer {} on {}", mesh.peer_id(), addresses.join(" "));
+    tracing::info!(peer = %mesh.peer_id(), peers = settings.peers.len(), "peer mesh on");
+    let mut pending = mempool.subscribe_pending();
+    let forward = mesh.clone();
+    tokio::spawn(async move {
+        loop {
+            match pending.recv().await {
+                // A refusal (the mesh's queue is full) is counted by the mesh itself.
+                Ok(tx) => {
+                    let _ = forward.broadcast(tx.raw.to_vec());
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    metrics::counter!("sluice_mesh_pending_missed_total").increment(missed);
+                    tracing::warn!(
+                        missed,
+                        "the mesh fell behind the mempool's feed; those transactions were not shared"
+                    );
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    Ok(mesh)
+}
+
+/// Adds the QUIC ingress's and the mesh's counters to `/status`; calls pass straight through.
+struct ExtraStatus {
     inner: Arc<dyn Upstreams>,
-    stats: Arc<sluice_ingress::Stats>,
+    ingress: Option<Arc<sluice_ingress::Stats>>,
+    mesh: Option<sluice_mesh::Mesh>,
 }
 
 #[async_trait::async_trait]
-impl Upstreams for IngressStatus {
+impl Upstreams for ExtraStatus {
     async fn call(&self, req: &Request) -> Result<Answer, sluice_upstream::UpstreamError> {
         self.inner.call(req).await
     }
@@ -209,15 +253,18 @@ impl Upstreams for IngressStatus {
     }
 
     fn status(&self) -> serde_json::Value {
-        let ingress = serde_json::to_value(self.stats.snapshot()).unwrap_or_default();
-        match self.inner.status() {
-            serde_json::Value::Object(mut map) => {
-                map.insert("ingress".into(), ingress);
-                serde_json::Value::Object(map)
-            }
-            serde_json::Value::Null => serde_json::json!({ "ingress": ingress }),
-            other => serde_json::json!({ "upstreams": other, "ingress": ingress }),
+        let mut map = match self.inner.status() {
+            serde_json::Value::Object(map) => map,
+            serde_json::Value::Null => serde_json::Map::new(),
+            other => [("upstreams".to_string(), other)].into_iter().collect(),
+        };
+        if let Some(stats) = &self.ingress {
+            map.insert("ingress".into(), serde_json::to_value(stats.snapshot()).unwrap_or_default());
         }
+        if let Some(mesh) = &self.mesh {
+            map.insert("mesh".into(), serde_json::to_value(mesh.latest_status()).unwrap_or_default());
+        }
+        serde_json::Value::Object(map)
     }
 }
 

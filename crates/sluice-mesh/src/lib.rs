@@ -1,0 +1,21 @@
+//! sluice's peer mesh: sluice nodes share transactions over libp2p.
+//!
+//! Each transaction goes to each peer on a stream of its own (request-response), and the peer's
+//! verdict, after the same validation as a local submission, is the acknowledgement. Delivery
+//! rules are the pure [`outbox`]: per-peer bounded queues, a cap on streams in flight below the
+//! peer's stream limit, retries with exponential backoff and jitter, re-dials, and a deadline,
+//! after which a message has failed, counted and logged. Nothing ends silently.
+//!
+//! [`node`] is the async shell (one swarm task); [`memory::MemoryPool`] is a stand-in pool for
+//! tests and benchmarks of the mesh alone.
+
+pub mod config;
+pub mod memory;
+pub mod node;
+pub mod outbox;
+pub mod status;
+
+pub use config::{load_or_generate_key, MeshConfig, MeshSettings};
+pub use libp2p::identity::Keypair;
+pub use node::{BroadcastRefused, Mesh, MeshError, TxMessage, Verdict, PROTOCOL};
+pub use status::{MeshStatus, PeerStatus};

@@ -1,0 +1,514 @@
+//! The libp2p node: the async shell around [`Outbox`]. One swarm task owns the swarm and the
+//! outbox; it takes broadcasts from a bounded channel, sends each message on its own stream
+//! (request-response), and feeds answers and failures back to the outbox. Inbound transactions
+//! go through the pool's intake (the same validation as local ones) on tasks of their own, and
+//! their verdict is the acknowledgement.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use alloy_primitives::{keccak256, B256};
+use futures_util::StreamExt;
+use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{identify, identity, Multiaddr, PeerId, StreamProtocol, Swarm};
+use serde::{Deserialize, Serialize};
+use sluice_pool::{Origin, SubmitError, TxIntake};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::MeshConfig;
+use crate::outbox::{Action, Done, Outbox, Outcome};
+use crate::status::{InboundCounts, MeshStatus, PeerStatus};
+
+/// The protocol: one transaction per stream, answered with a verdict.
+pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sluice/tx/1");
+
+/// One transaction.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TxMessage {
+    /// Raw EIP-2718 bytes.
+    #[serde(with = "serde_bytes")]
+    pub raw: Vec<u8>,
+}
+
+/// The receiver's verdict: the application-level acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    /// Taken into its pool.
+    Accepted,
+    /// Refused by validation (not retried, and never forwarded by the receiver).
+    Invalid(String),
+    /// The receiver could not take it now (busy, state unavailable): the sender retries.
+    Unavailable(String),
+}
+
+#[derive(NetworkBehaviour)]
+struct Behaviour {
+    tx: request_response::cbor::Behaviour<TxMessage, Verdict>,
+    identify: identify::Behaviour,
+    limits: libp2p::connection_limits::Behaviour,
+}
+
+enum Command {
+    Broadcast { hash: B256, message: Arc<TxMessage> },
+    Status(oneshot::Sender<MeshStatus>),
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// Why the mesh could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    /// Bad settings or key.
+    #[error("mesh: {0}")]
+    Config(String),
+    /// A listen address could not be bound.
+    #[error("mesh cannot listen on {addr}: {message}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// A handle on a running mesh node.
+#[derive(Clone)]
+pub struct Mesh {
+    commands: mpsc::Sender<Command>,
+    peer_id: PeerId,
+    listen: Arc<Vec<Multiaddr>>,
+    refused: Arc<std::sync::atomic::AtomicU64>,
+    latest: Arc<std::sync::Mutex<Option<MeshStatus>>>,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh").field("peer_id", &self.peer_id).field("listen", &self.listen).finish()
+    }
+}
+
+/// Where a peer can be reached, from the static list or from identify.
+#[derive(Debug, Clone, Default)]
+struct PeerInfo {
+    addrs: Vec<Multiaddr>,
+    rtt_ms: Option<f64>,
+    last_answer: Option<Instant>,
+}
+
+struct Node {
+    swarm: Swarm<Behaviour>,
+    outbox: Outbox<PeerId, Arc<TxMessage>>,
+    peers: HashMap<PeerId, PeerInfo>,
+    /// Outbound request → (outbox id, sent at).
+    requests: HashMap<OutboundRequestId, (u64, Instant)>,
+    /// Who sent us which transaction recently: it is not sent back to them.
+    came_from: HashMap<B256, PeerId>,
+    inbound: InboundCounts,
+    intake: Arc<dyn TxIntake>,
+    answers_tx: mpsc::Sender<Answer>,
+    origin: Instant,
+    failures_logged: u64,
+    latest: Arc<std::sync::Mutex<Option<MeshStatus>>>,
+    published: Instant,
+    request_timeout: Duration,
+}
+
+/// The peer id in a multiaddr's trailing `/p2p/…`.
+pub fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
+    addr.iter().find_map(|p| match p {
+        libp2p::multiaddr::Protocol::P2p(id) => Some(id),
+        _ => None,
+    })
+}
+
+impl Mesh {
+    /// Starts a node with `key`, listening on `config.listen`, dialing `config.peers`, taking
+    /// received transactions into `intake`. Returns once it listens.
+    pub async fn start(
+        config: MeshConfig,
+        key: identity::Keypair,
+        intake: Arc<dyn TxIntake>,
+    ) -> Result<Mesh, MeshError> {
+        let outbox_config = config.outbox();
+        let streams = outbox_config.max_in_flight * 2 + 32;
+        let request_timeout = config.request_timeout;
+        let limits = libp2p::connection_limits::ConnectionLimits::default()
+            .with_max_established(Some(config.max_connections))
+            .with_max_established_per_peer(Some(2))
+            .with_max_pending_incoming(Some(config.max_connections.min(256)));
+        let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
+            .with_tokio()
+            .with_tcp(
+                libp2p::tcp::Config::default().nodelay(true),
+                libp2p::noise::Config::new,
+                libp2p::yamux::Config::default,
+            )
+            .map_err(|e| MeshError::Config(e.to_string()))?
+            .with_quic_config(|mut c| {
+                // A peer that died (kill -9 sends nothing) is noticed in seconds, not the default
+                // ten, so its messages move to the connection it makes when it is back.
+                c.max_idle_timeout = 3_000;
+                c.keep_alive_interval = Duration::from_secs(1);
+                c
+            })
+            .with_behaviour(|key| Behaviour {
+                tx: request_response::cbor::Behaviour::new(
+                    [(PROTOCOL, ProtocolSupport::Full)],
+                    request_response::Config::default()
+                        .with_request_timeout(request_timeout)
+                        .with_max_concurrent_streams(streams),
+                ),
+                identify: identify::Behaviour::new(identify::Config::new("/sluice/1".into(), key.public())),
+                limits: libp2p::connection_limits::Behaviour::new(limits),
+            })
+            .map_err(|e| MeshError::Config(e.to_string()))?
+            .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(3600)))
+            .build();
+        for addr in &config.listen {
+            swarm
+                .listen_on(addr.clone())
+                .map_err(|e| MeshError::Listen { addr: addr.to_string(), message: e.to_string() })?;
+        }
+        // Wait for the listeners to report their addresses (ports chosen by the OS).
+        let mut listen = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while listen.len() < config.listen.len() {
+            match tokio::time::timeout_at(deadline, swarm.select_next_some()).await {
+                Ok(SwarmEvent::NewListenAddr { address, .. }) => listen.push(address),
+                Ok(SwarmEvent::ListenerError { error, .. }) => {
+                    return Err(MeshError::Listen { addr: format!("{:?}", config.listen), message: error.to_string() })
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        let peer_id = *swarm.local_peer_id();
+        let mut outbox = Outbox::new(outbox_config);
+        let mut peers = HashMap::new();
+        for addr in &config.peers {
+            let Some(peer) = peer_of(addr) else {
+                return Err(MeshError::Config(format!("peer address {addr} does not end in /p2p/PEER_ID")));
+            };
+            if peer == peer_id {
+                continue;
+            }
+            outbox.keep_peer(peer);
+            peers.entry(peer).or_insert_with(PeerInfo::default).addrs.push(addr.clone());
+            swarm.add_peer_address(peer, addr.clone());
+        }
+        let (commands, commands_rx) = mpsc::channel(config.broadcast_queue.max(1));
+        let (answers_tx, answers_rx) = mpsc::channel(4_096);
+        let latest = Arc::new(std::sync::Mutex::new(None));
+        let node = Node {
+            latest: latest.clone(),
+            published: Instant::now(),
+            request_timeout,
+            swarm,
+            outbox,
+            peers,
+            requests: HashMap::new(),
+            came_from: HashMap::new(),
+            inbound: InboundCounts::default(),
+            intake,
+            answers_tx,
+            origin: Instant::now(),
+            failures_logged: 0,
+        };
+        tokio::spawn(node.run(commands_rx, answers_rx, listen.clone()));
+        Ok(Mesh { commands, peer_id, listen: Arc::new(listen), refused: Default::default(), latest })
+    }
+
+    /// This node's peer id.
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// The addresses it listens on, each ending in `/p2p/PEER_ID` (give them to other nodes).
+    pub fn addresses(&self) -> Vec<Multiaddr> {
+        self.listen.iter().map(|a| a.clone().with(libp2p::multiaddr::Protocol::P2p(self.peer_id))).collect()
+    }
+
+    /// Sends a transaction to every peer (except the one it came from). Refused at once, and
+    /// counted, when the node's command queue is full.
+    pub fn broadcast(&self, raw: Vec<u8>) -> Result<(), BroadcastRefused> {
+        let hash = keccak256(&raw);
+        let command = Command::Broadcast { hash, message: Arc::new(TxMessage { raw }) };
+        self.commands.try_send(command).map_err(|_| {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            metrics::counter!("sluice_mesh_broadcasts_refused_total").increment(1);
+            BroadcastRefused
+        })
+    }
+
+    /// Peers, queues and counters.
+    pub async fn status(&self) -> Option<MeshStatus> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(Command::Status(tx)).await.ok()?;
+        let mut status = rx.await.ok()?;
+        status.broadcasts_refused = self.refused.load(std::sync::atomic::Ordering::Relaxed);
+        Some(status)
+    }
+
+    /// The status as of at most half a second ago (for synchronous readers such as `/status`).
+    pub fn latest_status(&self) -> Option<MeshStatus> {
+        let mut status = self.latest.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+        status.broadcasts_refused = self.refused.load(std::sync::atomic::Ordering::Relaxed);
+        Some(status)
+    }
+
+    /// Stops the node (its connections close).
+    pub async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Shutdown(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+/// The node's command queue was full: the broadcast was not taken (and was counted).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("mesh busy: broadcast queue full")]
+pub struct BroadcastRefused;
+
+type Answer = (ResponseChannel<Verdict>, Verdict);
+
+impl Node {
+    fn now(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command>,
+        mut answers: mpsc::Receiver<Answer>,
+        listen: Vec<Multiaddr>,
+    ) {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                event = self.swarm.select_next_some() => self.on_swarm(event),
+                command = commands.recv() => match command {
+                    Some(Command::Broadcast { hash, message }) => self.broadcast(hash, message),
+                    Some(Command::Status(reply)) => { let _ = reply.send(self.status(&listen)); }
+                    Some(Command::Shutdown(done)) => { let _ = done.send(()); return; }
+                    None => return,
+                },
+                Some((channel, verdict)) = answers.recv() => {
+                    // A failure to answer (the peer went away) surfaces on its side as a
+                    // failed request, which it retries.
+                    let _ = self.swarm.behaviour_mut().tx.send_response(channel, verdict);
+                }
+                _ = tick.tick() => {
+                    self.poll();
+                    if self.published.elapsed() >= Duration::from_millis(500) {
+                        self.published = Instant::now();
+                        let status = self.status(&listen);
+                        *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+                    }
+                }
+            }
+        }
+    }
+
+    fn broadcast(&mut self, hash: B256, message: Arc<TxMessage>) {
+        let now = self.now();
+        let skip = self.came_from.get(&hash).copied();
+        let peers: Vec<PeerId> = self.outbox.peers().copied().filter(|p| Some(*p) != skip).collect();
+        for peer in peers {
+            match self.outbox.enqueue(now, &peer, message.clone()) {
+                Ok(_) => {
+                    let actions = self.outbox.pump(self.now(), &peer);
+                    self.act(actions);
+                }
+                Err(done) => self.finished(done),
+            }
+        }
+    }
+
+    fn poll(&mut self) {
+        let (actions, done) = self.outbox.poll(self.now());
+        for d in done {
+            self.finished(d);
+        }
+        self.act(actions);
+    }
+
+    fn act(&mut self, actions: Vec<Action<PeerId, Arc<TxMessage>>>) {
+        for action in actions {
+            match action {
+                Action::Send { peer, id, message } => {
+                    let request = self.swarm.behaviour_mut().tx.send_request(&peer, (*message).clone());
+                    self.requests.insert(request, (id, Instant::now()));
+                    metrics::counter!("sluice_mesh_sends_total").increment(1);
+                }
+                Action::Dial(peer) => {
+                    let addrs = self.peers.get(&peer).map(|p| p.addrs.clone()).unwrap_or_default();
+                    let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer).addresses(addrs).build();
+                    if let Err(e) = self.swarm.dial(opts) {
+                        tracing::debug!(%peer, error = %e, "mesh dial not started");
+                    }
+                }
+            }
+        }
+    }
+
+    fn finished(&mut self, done: Done<PeerId>) {
+        match &done.outcome {
+            Outcome::Acked => metrics::counter!("sluice_mesh_messages_total", "outcome" => "acked").increment(1),
+            Outcome::Failed(why) => {
+                metrics::counter!("sluice_mesh_messages_total", "outcome" => "failed").increment(1);
+                // Every failure is counted; the log is rate-limited so a dead peer cannot flood it.
+                self.failures_logged += 1;
+                if self.failures_logged <= 20 || self.failures_logged.is_power_of_two() {
+                    tracing::warn!(peer = %done.peer, attempts = done.attempts, reason = %why, failures = self.failures_logged, "mesh message not delivered");
+                }
+            }
+        }
+    }
+
+    fn on_swarm(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        match event {
+            SwarmEvent::ConnectionEstablished { peer_id, endpoint, .. } => {
+                self.outbox.add_peer(peer_id);
+                self.outbox.set_connected(&peer_id, true);
+                if endpoint.is_dialer() {
+                    let info = self.peers.entry(peer_id).or_default();
+                    let addr = endpoint.get_remote_address().clone();
+                    if !info.addrs.contains(&addr) {
+                        info.addrs.push(addr);
+                    }
+                }
+                metrics::gauge!("sluice_mesh_peers_connected").set(self.swarm.connected_peers().count() as f64);
+                let actions = self.outbox.pump(self.now(), &peer_id);
+                self.act(actions);
+            }
+            SwarmEvent::ConnectionClosed { peer_id, num_established, .. } => {
+                if num_established == 0 {
+                    self.outbox.set_connected(&peer_id, false);
+                }
+                metrics::gauge!("sluice_mesh_peers_connected").set(self.swarm.connected_peers().count() as f64);
+            }
+            SwarmEvent::OutgoingConnectionError { peer_id: Some(peer), error, .. } => {
+                tracing::debug!(%peer, %error, "mesh dial failed");
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
+                // Their own listen addresses: what to re-dial after they restart.
+                let entry = self.peers.entry(peer_id).or_default();
+                for addr in info.listen_addrs {
+                    if !entry.addrs.contains(&addr) {
+                        self.swarm.add_peer_address(peer_id, addr.clone());
+                        entry.addrs.push(addr);
+                    }
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Tx(event)) => self.on_tx(event),
+            _ => {}
+        }
+    }
+
+    fn on_tx(&mut self, event: request_response::Event<TxMessage, Verdict>) {
+        use request_response::{Event, Message};
+        match event {
+            Event::Message { peer, message: Message::Request { request, channel, .. }, .. } => {
+                self.inbound.received += 1;
+                let hash = keccak256(&request.raw);
+                // Before the pool sees it: its pending feed may ask us to broadcast it at once,
+                // and it must not go back to where it came from.
+                self.came_from.insert(hash, peer);
+                if self.came_from.len() > 200_000 {
+                    self.came_from.clear();
+                }
+                let intake = self.intake.clone();
+                let answers = self.answers_tx.clone();
+                tokio::spawn(async move {
+                    let verdict = match intake.submit(request.raw.into(), Origin::Peer).await {
+                        Ok(_) => Verdict::Accepted,
+                        Err(e @ (SubmitError::Busy | SubmitError::Unavailable(_))) => {
+                            Verdict::Unavailable(e.to_string())
+                        }
+                        Err(e) => Verdict::Invalid(e.to_string()),
+                    };
+                    let _ = answers.send((channel, verdict)).await;
+                });
+            }
+            Event::Message { peer, message: Message::Response { request_id, response }, .. } => {
+                let Some((id, sent)) = self.requests.remove(&request_id) else { return };
+                let rtt = sent.elapsed().as_secs_f64() * 1e3;
+                let info = self.peers.entry(peer).or_default();
+                info.rtt_ms = Some(info.rtt_ms.map_or(rtt, |r| 0.8 * r + 0.2 * rtt));
+                info.last_answer = Some(Instant::now());
+                let done = match response {
+                    Verdict::Unavailable(why) => self.outbox.on_failure(self.now(), &peer, id, &why),
+                    Verdict::Accepted => self.outbox.on_ack(&peer, id),
+                    Verdict::Invalid(why) => {
+                        // Delivered and judged: acknowledged, not retried, counted.
+                        metrics::counter!("sluice_mesh_peer_refused_total").increment(1);
+                        tracing::debug!(%peer, %why, "peer refused a transaction");
+                        self.outbox.on_ack(&peer, id)
+                    }
+                };
+                if let Some(done) = done {
+                    self.finished(done);
+                }
+                let actions = self.outbox.pump(self.now(), &peer);
+                self.act(actions);
+            }
+            Event::OutboundFailure { peer, connection_id, request_id, error } => {
+                let silent = self
+                    .peers
+                    .get(&peer)
+                    .and_then(|p| p.last_answer)
+                    .is_none_or(|t| t.elapsed() >= self.request_timeout);
+                if matches!(error, request_response::OutboundFailure::Timeout) && silent {
+                    // No answer at all from this peer for a whole timeout: the connection is
+                    // likely dead (the peer restarted and dialed us anew). Close it, so retries
+                    // use a live one. A peer that answers slowly keeps its connection.
+                    self.swarm.close_connection(connection_id);
+                }
+                let Some((id, _)) = self.requests.remove(&request_id) else { return };
+                metrics::counter!("sluice_mesh_send_failures_total").increment(1);
+                if let Some(done) = self.outbox.on_failure(self.now(), &peer, id, &error.to_string()) {
+                    self.finished(done);
+                }
+            }
+            Event::InboundFailure { peer, error, .. } => {
+                self.inbound.failed += 1;
+                metrics::counter!("sluice_mesh_inbound_failures_total").increment(1);
+                if self.inbound.failed <= 20 || self.inbound.failed.is_power_of_two() {
+                    tracing::warn!(%peer, %error, failures = self.inbound.failed, "mesh inbound stream failed");
+                }
+            }
+            Event::ResponseSent { .. } => {}
+        }
+    }
+
+    fn status(&self, listen: &[Multiaddr]) -> MeshStatus {
+        let mut peers: Vec<PeerStatus> = self
+            .outbox
+            .peers()
+            .map(|peer| {
+                let (queued, in_flight) = self.outbox.depth(peer);
+                let info = self.peers.get(peer);
+                PeerStatus {
+                    peer: peer.to_string(),
+                    connected: self.swarm.is_connected(peer),
+                    addresses: info.map(|i| i.addrs.iter().map(|a| a.to_string()).collect()).unwrap_or_default(),
+                    rtt_ms: info.and_then(|i| i.rtt_ms),
+                    queued,
+                    in_flight,
+                    counts: self.outbox.counts(peer),
+                }
+            })
+            .collect();
+        peers.sort_by(|a, b| a.peer.cmp(&b.peer));
+        MeshStatus {
+            peer_id: self.swarm.local_peer_id().to_string(),
+            listen: listen.iter().map(|a| a.to_string()).collect(),
+            peers,
+            inbound: self.inbound,
+            broadcasts_refused: 0,
+        }
+    }
+}

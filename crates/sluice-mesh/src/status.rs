@@ -1,0 +1,65 @@
+//! What `/status` shows of the mesh.
+
+use serde::Serialize;
+
+use crate::outbox::PeerCounts;
+
+/// Transactions received from peers.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct InboundCounts {
+    /// Requests received.
+    pub received: u64,
+    /// Inbound streams that failed (timeout, reset, closed before the answer).
+    pub failed: u64,
+}
+
+/// One peer.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerStatus {
+    /// Its peer id.
+    pub peer: String,
+    /// Connected now.
+    pub connected: bool,
+    /// Where it can be reached.
+    pub addresses: Vec<String>,
+    /// Smoothed time from send to acknowledgement, ms.
+    pub rtt_ms: Option<f64>,
+    /// Messages waiting for it.
+    pub queued: usize,
+    /// Messages in flight to it.
+    pub in_flight: usize,
+    /// Enqueued, sent, acked, failed, retried.
+    pub counts: PeerCounts,
+}
+
+/// The whole mesh node.
+#[derive(Debug, Clone, Serialize)]
+pub struct MeshStatus {
+    /// This node.
+    pub peer_id: String,
+    /// Where it listens.
+    pub listen: Vec<String>,
+    /// Its peers.
+    pub peers: Vec<PeerStatus>,
+    /// What peers sent it.
+    pub inbound: InboundCounts,
+    /// Broadcasts refused because the node's queue was full.
+    pub broadcasts_refused: u64,
+}
+
+impl MeshStatus {
+    /// Messages that failed, over all peers.
+    pub fn failed(&self) -> u64 {
+        self.peers.iter().map(|p| p.counts.failed).sum()
+    }
+
+    /// Messages acknowledged, over all peers.
+    pub fn acked(&self) -> u64 {
+        self.peers.iter().map(|p| p.counts.acked).sum()
+    }
+
+    /// Messages not ended yet, over all peers.
+    pub fn pending(&self) -> usize {
+        self.peers.iter().map(|p| p.queued + p.in_flight).sum()
+    }
+}
