@@ -93,7 +93,7 @@ impl std::fmt::Debug for Mesh {
 struct PeerInfo {
     addrs: Vec<Multiaddr>,
     rtt_ms: Option<f64>,
-    last_answer: Option<Instant>,
+    connections: Vec<libp2p::swarm::ConnectionId>,
 }
 
 struct Node {
@@ -111,7 +111,6 @@ struct Node {
     failures_logged: u64,
     latest: Arc<std::sync::Mutex<Option<MeshStatus>>>,
     published: Instant,
-    request_timeout: Duration,
 }
 
 /// The peer id in a multiaddr's trailing `/p2p/…`.
@@ -145,13 +144,10 @@ impl Mesh {
                 libp2p::yamux::Config::default,
             )
             .map_err(|e| MeshError::Config(e.to_string()))?
-            .with_quic_config(|mut c| {
-                // A peer that died (kill -9 sends nothing) is noticed in seconds, not the default
-                // ten, so its messages move to the connection it makes when it is back.
-                c.max_idle_timeout = 3_000;
-                c.keep_alive_interval = Duration::from_secs(1);
-                c
-            })
+            // QUIC's defaults (10 s idle timeout, 5 s keep-alive): a shorter idle timeout turns a
+            // busy process's late keep-alives into closed connections. A peer that restarts is
+            // handled by closing the stale connection once it has a newer one (see below).
+            .with_quic()
             .with_behaviour(|key| Behaviour {
                 tx: request_response::cbor::Behaviour::new(
                     [(PROTOCOL, ProtocolSupport::Full)],
@@ -203,7 +199,6 @@ impl Mesh {
         let node = Node {
             latest: latest.clone(),
             published: Instant::now(),
-            request_timeout,
             swarm,
             outbox,
             peers,
@@ -370,9 +365,10 @@ impl Node {
 
     fn on_swarm(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
-            SwarmEvent::ConnectionEstablished { peer_id, endpoint, .. } => {
+            SwarmEvent::ConnectionEstablished { peer_id, endpoint, connection_id, .. } => {
                 self.outbox.add_peer(peer_id);
                 self.outbox.set_connected(&peer_id, true);
+                self.peers.entry(peer_id).or_default().connections.push(connection_id);
                 if endpoint.is_dialer() {
                     let info = self.peers.entry(peer_id).or_default();
                     let addr = endpoint.get_remote_address().clone();
@@ -384,7 +380,10 @@ impl Node {
                 let actions = self.outbox.pump(self.now(), &peer_id);
                 self.act(actions);
             }
-            SwarmEvent::ConnectionClosed { peer_id, num_established, .. } => {
+            SwarmEvent::ConnectionClosed { peer_id, num_established, connection_id, .. } => {
+                if let Some(info) = self.peers.get_mut(&peer_id) {
+                    info.connections.retain(|c| *c != connection_id);
+                }
                 if num_established == 0 {
                     self.outbox.set_connected(&peer_id, false);
                 }
@@ -438,7 +437,6 @@ impl Node {
                 let rtt = sent.elapsed().as_secs_f64() * 1e3;
                 let info = self.peers.entry(peer).or_default();
                 info.rtt_ms = Some(info.rtt_ms.map_or(rtt, |r| 0.8 * r + 0.2 * rtt));
-                info.last_answer = Some(Instant::now());
                 let done = match response {
                     Verdict::Unavailable(why) => self.outbox.on_failure(self.now(), &peer, id, &why),
                     Verdict::Accepted => self.outbox.on_ack(&peer, id),
@@ -456,15 +454,12 @@ impl Node {
                 self.act(actions);
             }
             Event::OutboundFailure { peer, connection_id, request_id, error } => {
-                let silent = self
-                    .peers
-                    .get(&peer)
-                    .and_then(|p| p.last_answer)
-                    .is_none_or(|t| t.elapsed() >= self.request_timeout);
-                if matches!(error, request_response::OutboundFailure::Timeout) && silent {
-                    // No answer at all from this peer for a whole timeout: the connection is
-                    // likely dead (the peer restarted and dialed us anew). Close it, so retries
-                    // use a live one. A peer that answers slowly keeps its connection.
+                let newer = self.peers.get(&peer).is_some_and(|p| p.connections.iter().any(|c| *c != connection_id));
+                if matches!(error, request_response::OutboundFailure::Timeout) && newer {
+                    // The peer has another connection (it restarted and dialed us anew while the
+                    // old one lingers until QUIC's idle timeout): close the silent one, so
+                    // retries use the live one. A peer's only connection is never closed for
+                    // slowness, which under load would turn delay into a cascade of failures.
                     self.swarm.close_connection(connection_id);
                 }
                 let Some((id, _)) = self.requests.remove(&request_id) else { return };

@@ -21,6 +21,11 @@ fn settings(peers: Vec<Multiaddr>, listen: Option<Multiaddr>) -> MeshSettings {
     MeshSettings {
         listen: vec![listen.map_or("/ip4/127.0.0.1/udp/0/quic-v1".to_string(), |a| a.to_string())],
         peers: peers.iter().map(|a| a.to_string()).collect(),
+        // Tests run unoptimised, many nodes in one process, on two shared cores: give each
+        // attempt and message more time than the defaults (2 s, 5 s), which are for release
+        // builds. Any failure still fails the tests.
+        request_timeout: Duration::from_secs(5),
+        deadline: Duration::from_secs(15),
         ..MeshSettings::default()
     }
 }
