@@ -11,11 +11,11 @@ DEGREE=${DEGREE:-3}
 cargo build --release -q -p sluice
 echo "Command per row: sluice bench mesh --nodes N --degree $DEGREE --txs $TXS --rate $RATE"
 echo
-echo "$(target/release/sluice bench mesh --help >/dev/null && echo '| nodes | links | txs | delivered | lost | redundant | failed | first relay p50 / p99 ms | everyone p50 / p99 ms | ack ms | CPU s/s per node | MiB per node |')"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+header=--header
 for n in $NODES; do
   ulimit -n 65536 2>/dev/null || true
-  target/release/sluice bench mesh --nodes "$n" --degree "$DEGREE" --txs "$TXS" --rate "$RATE" --log warn 2>/dev/null
+  target/release/sluice bench mesh --nodes "$n" --degree "$DEGREE" --txs "$TXS" --rate "$RATE" $header --log warn 2>/dev/null
+  header=
 done
 echo
 echo "machine: $(nproc) cores, $(uname -m); all nodes in one process"

@@ -29,12 +29,21 @@ pub struct MeshArgs {
     /// Injection rate, transactions per second.
     #[arg(long, default_value_t = 500.0)]
     pub rate: f64,
+    /// Streams in flight per peer (the node's `max_in_flight`).
+    #[arg(long, default_value_t = sluice_mesh::MeshSettings::default().max_in_flight)]
+    pub max_in_flight: usize,
+    /// Transactions per stream under a backlog (the node's `max_batch`; 1 = one per stream).
+    #[arg(long, default_value_t = sluice_mesh::MeshSettings::default().max_batch)]
+    pub max_batch: usize,
     /// How long to wait for everything to arrive everywhere after the last injection.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub settle: Duration,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Print the table's header first (the row is printed either way).
+    #[arg(long)]
+    pub header: bool,
 }
 
 /// What one run measured.
@@ -54,12 +63,18 @@ pub struct MeshSummary {
     pub redundant: u64,
     /// Messages that ended in a surfaced failure (all nodes).
     pub failed: u64,
+    /// Messages sent (one transaction to one peer, retries included).
+    pub sent: u64,
+    /// Streams opened for them (fewer than `sent` when backlogs were batched).
+    pub streams: u64,
+    /// Copies not sent because the peer had sent the transaction to us.
+    pub skipped: u64,
     /// Time to first relay, p50 / p99, ms.
     pub first_relay_ms: (f64, f64),
     /// Time to everyone, p50 / p99, ms.
     pub everyone_ms: (f64, f64),
-    /// Send-to-ack time, mean over peers, ms.
-    pub ack_ms: f64,
+    /// Send-to-verdict time of every message, p50 / p99, ms.
+    pub ack_ms: (f64, f64),
     /// Process CPU seconds per node per second of run.
     pub cpu_per_node: f64,
     /// Resident memory per node, MiB (process RSS / nodes).
@@ -111,6 +126,8 @@ pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
         let settings = MeshSettings {
             listen: vec!["/ip4/127.0.0.1/udp/0/quic-v1".into()],
             peers: dial.iter().flat_map(|j| meshes[*j].addresses()).map(|a| a.to_string()).collect(),
+            max_in_flight: args.max_in_flight,
+            max_batch: args.max_batch,
             ..MeshSettings::default()
         };
         let (pool, mut fresh) = MemoryPool::new();
@@ -180,14 +197,20 @@ pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
     }
     first.sort_by(|a, b| a.total_cmp(b));
     everyone.sort_by(|a, b| a.total_cmp(b));
-    let mut failed = 0;
-    let mut acks = Vec::new();
+    let (mut failed, mut sent, mut streams, mut skipped) = (0, 0, 0, 0);
+    let mut acks = hdrhistogram::Histogram::<u64>::new(2)?;
     for m in &meshes {
         if let Some(s) = m.status().await {
             failed += s.failed() + s.broadcasts_refused;
-            acks.extend(s.peers.iter().filter_map(|p| p.rtt_ms));
+            sent += s.peers.iter().map(|p| p.counts.sent).sum::<u64>();
+            streams += s.peers.iter().map(|p| p.counts.streams).sum::<u64>();
+            skipped += s.peers.iter().map(|p| p.counts.skipped).sum::<u64>();
+        }
+        if let Some(h) = m.ack_times().await {
+            acks.add(h)?;
         }
     }
+    let ms = |q: f64| acks.value_at_quantile(q) as f64 / 1e3;
     let summary = MeshSummary {
         nodes: args.nodes,
         links,
@@ -196,9 +219,12 @@ pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
         lost: args.txs * args.nodes as u64 - delivered,
         redundant: pools.iter().map(|p| p.duplicates()).sum(),
         failed,
+        sent,
+        streams,
+        skipped,
         first_relay_ms: (quantile(&first, 0.5), quantile(&first, 0.99)),
         everyone_ms: (quantile(&everyone, 0.5), quantile(&everyone, 0.99)),
-        ack_ms: acks.iter().sum::<f64>() / acks.len().max(1) as f64,
+        ack_ms: (ms(0.5), ms(0.99)),
         cpu_per_node: cpu / seconds / args.nodes as f64,
         rss_per_node_mib: rss_mib() / args.nodes as f64,
         seconds,
@@ -219,8 +245,11 @@ pub async fn run_mesh(args: MeshArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
+        if args.header {
+            println!("{TABLE_HEADER}");
+        }
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.3} | {:.1} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {:.3} | {:.1} |",
             s.nodes,
             s.links,
             s.injected,
@@ -228,11 +257,15 @@ pub async fn run_mesh(args: MeshArgs) -> anyhow::Result<()> {
             s.lost,
             s.redundant,
             s.failed,
+            s.sent,
+            s.streams,
+            s.skipped,
             s.first_relay_ms.0,
             s.first_relay_ms.1,
             s.everyone_ms.0,
             s.everyone_ms.1,
-            s.ack_ms,
+            s.ack_ms.0,
+            s.ack_ms.1,
             s.cpu_per_node,
             s.rss_per_node_mib
         );
@@ -241,4 +274,4 @@ pub async fn run_mesh(args: MeshArgs) -> anyhow::Result<()> {
 }
 
 /// The header for [`run_mesh`]'s table row.
-pub const TABLE_HEADER: &str = "| nodes | links | txs | delivered | lost | redundant | failed | first relay p50 / p99 ms | everyone p50 / p99 ms | ack ms | CPU s/s per node | MiB per node |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+pub const TABLE_HEADER: &str = "| nodes | links | txs | delivered | lost | redundant | failed | sent / streams / skipped | first relay p50 / p99 ms | everyone p50 / p99 ms | ack p50 / p99 ms | CPU s/s per node | MiB per node |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";

@@ -20,8 +20,12 @@ pub struct MeshSettings {
     pub peers: Vec<String>,
     /// Connections at once.
     pub max_connections: u32,
-    /// Messages in flight per peer (each on its own stream).
+    /// Streams in flight per peer (each carries one send).
     pub max_in_flight: usize,
+    /// Transactions in one send when a backlog builds up (1: one transaction per stream always).
+    pub max_batch: usize,
+    /// Bytes in one send.
+    pub max_batch_bytes: usize,
     /// Messages waiting per peer before broadcasts to it are refused (and counted).
     pub queue_per_peer: usize,
     /// A message not acknowledged within this of its first send has failed (counted and logged).
@@ -54,6 +58,8 @@ impl Default for MeshSettings {
             peers: Vec::new(),
             max_connections: 512,
             max_in_flight: o.max_in_flight,
+            max_batch: o.max_batch,
+            max_batch_bytes: o.max_batch_bytes,
             queue_per_peer: o.queue_per_peer,
             deadline: o.deadline,
             max_queue_wait: o.max_queue_wait,
@@ -102,10 +108,20 @@ impl MeshSettings {
         if let Some(p) = peers.iter().find(|p| crate::node::peer_of(p).is_none()) {
             return Err(format!("mesh.peers: {p} does not end in /p2p/PEER_ID"));
         }
-        if self.max_in_flight == 0 || self.queue_per_peer == 0 || self.max_attempts == 0 || self.broadcast_queue == 0 {
+        let counts =
+            [self.max_in_flight, self.max_batch, self.queue_per_peer, self.max_attempts as usize, self.broadcast_queue];
+        if counts.contains(&0) {
             return Err(
-                "mesh: max_in_flight, queue_per_peer, max_attempts and broadcast_queue must be at least 1".into()
+                "mesh: max_in_flight, max_batch, queue_per_peer, max_attempts and broadcast_queue must be at least 1"
+                    .into(),
             );
+        }
+        if self.max_batch > crate::node::MAX_BATCH_IN || self.max_batch_bytes > crate::node::MAX_REQUEST_BYTES / 2 {
+            return Err(format!(
+                "mesh: max_batch is at most {} and max_batch_bytes at most {} (what a peer takes)",
+                crate::node::MAX_BATCH_IN,
+                crate::node::MAX_REQUEST_BYTES / 2
+            ));
         }
         if self.deadline.is_zero() || self.request_timeout.is_zero() {
             return Err("mesh: deadline and request_timeout must be more than zero".into());
@@ -118,6 +134,8 @@ impl MeshSettings {
             broadcast_queue: self.broadcast_queue,
             outbox: OutboxConfig {
                 max_in_flight: self.max_in_flight,
+                max_batch: self.max_batch,
+                max_batch_bytes: self.max_batch_bytes,
                 queue_per_peer: self.queue_per_peer,
                 deadline: self.deadline,
                 max_queue_wait: self.max_queue_wait,

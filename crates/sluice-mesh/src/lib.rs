@@ -1,7 +1,8 @@
 //! sluice's peer mesh: sluice nodes share transactions over libp2p.
 //!
-//! Each transaction goes to each peer on a stream of its own (request-response), and the peer's
-//! verdict, after the same validation as a local submission, is the acknowledgement. Delivery
+//! Each send to a peer is a stream of its own (request-response) carrying one transaction, or,
+//! when a backlog builds up, the transactions waiting for that peer; the peer's verdict on each,
+//! after the same validation as a local submission, is its acknowledgement. Delivery
 //! rules are the pure [`outbox`]: per-peer bounded queues, a cap on streams in flight below the
 //! peer's stream limit, retries with exponential backoff and jitter, re-dials, and a deadline,
 //! after which a message has failed, counted and logged. Nothing ends silently.
@@ -10,6 +11,7 @@
 //! tests and benchmarks of the mesh alone.
 
 pub mod config;
+pub mod known;
 pub mod memory;
 pub mod node;
 pub mod outbox;
@@ -17,5 +19,5 @@ pub mod status;
 
 pub use config::{load_or_generate_key, MeshConfig, MeshSettings};
 pub use libp2p::identity::Keypair;
-pub use node::{BroadcastRefused, Mesh, MeshError, TxMessage, Verdict, PROTOCOL};
-pub use status::{MeshStatus, PeerStatus};
+pub use node::{BroadcastRefused, Mesh, MeshError, TxBatch, Verdict, MAX_BATCH_IN, PROTOCOL};
+pub use status::{AckTimes, MeshStatus, PeerStatus};

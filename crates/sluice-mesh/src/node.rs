@@ -1,8 +1,9 @@
 //! The libp2p node: the async shell around [`Outbox`]. One swarm task owns the swarm and the
-//! outbox; it takes broadcasts from a bounded channel, sends each message on its own stream
-//! (request-response), and feeds answers and failures back to the outbox. Inbound transactions
-//! go through the pool's intake (the same validation as local ones) on tasks of their own, and
-//! their verdict is the acknowledgement.
+//! outbox; it takes broadcasts from a bounded channel, sends each of the outbox's sends on a
+//! stream of its own (request-response), and feeds answers and failures back to the outbox.
+//! Inbound transactions go through the pool's intake (the same validation as local ones) on
+//! tasks of their own, and their verdicts are the acknowledgement. Which peers already have a
+//! transaction (they sent it to us) is remembered in [`Known`], so it is not sent back to them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,18 +19,41 @@ use sluice_pool::{Origin, SubmitError, TxIntake};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::MeshConfig;
-use crate::outbox::{Action, Done, Outbox, Outcome};
-use crate::status::{InboundCounts, MeshStatus, PeerStatus};
+use crate::known::Known;
+use crate::outbox::{Action, Done, Outbox, Outcome, Weight};
+use crate::status::{AckTimes, InboundCounts, MeshStatus, PeerStatus};
 
-/// The protocol: one transaction per stream, answered with a verdict.
-pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sluice/tx/1");
+/// The protocol: one stream per send, carrying one transaction or (under a backlog) several,
+/// answered with one verdict each.
+pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sluice/txs/1");
 
-/// One transaction.
+/// Transactions in one request a node takes; a longer request is refused whole.
+pub const MAX_BATCH_IN: usize = 1_024;
+
+/// Bytes in one request a node reads (libp2p's CBOR codec default).
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+
+/// Transactions a node remembers who sent to it (bounded; the oldest are forgotten first).
+const KNOWN_HASHES: usize = 100_000;
+
+/// One request: transactions, each as raw EIP-2718 bytes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TxMessage {
-    /// Raw EIP-2718 bytes.
-    #[serde(with = "serde_bytes")]
-    pub raw: Vec<u8>,
+pub struct TxBatch {
+    /// The transactions, in the order the sender pooled them.
+    pub txs: Vec<serde_bytes::ByteBuf>,
+}
+
+/// One transaction waiting for a peer.
+#[derive(Debug)]
+struct Tx {
+    hash: B256,
+    raw: Vec<u8>,
+}
+
+impl Weight for Tx {
+    fn weight(&self) -> usize {
+        self.raw.len() + 8
+    }
 }
 
 /// The receiver's verdict: the application-level acknowledgement.
@@ -45,14 +69,15 @@ pub enum Verdict {
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
-    tx: request_response::cbor::Behaviour<TxMessage, Verdict>,
+    tx: request_response::cbor::Behaviour<TxBatch, Vec<Verdict>>,
     identify: identify::Behaviour,
     limits: libp2p::connection_limits::Behaviour,
 }
 
 enum Command {
-    Broadcast { hash: B256, message: Arc<TxMessage> },
+    Broadcast(Arc<Tx>),
     Status(oneshot::Sender<MeshStatus>),
+    AckTimes(oneshot::Sender<hdrhistogram::Histogram<u64>>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -98,12 +123,14 @@ struct PeerInfo {
 
 struct Node {
     swarm: Swarm<Behaviour>,
-    outbox: Outbox<PeerId, Arc<TxMessage>>,
+    outbox: Outbox<PeerId, Arc<Tx>>,
     peers: HashMap<PeerId, PeerInfo>,
-    /// Outbound request → (outbox id, sent at).
+    /// Outbound request → (outbox send, sent at).
     requests: HashMap<OutboundRequestId, (u64, Instant)>,
-    /// Who sent us which transaction recently: it is not sent back to them.
-    came_from: HashMap<B256, PeerId>,
+    /// Which peers sent us which transaction recently: it is not sent back to them.
+    known: Known<B256, PeerId>,
+    /// Send-to-verdict time of each transaction, microseconds.
+    ack_times: hdrhistogram::Histogram<u64>,
     inbound: InboundCounts,
     intake: Arc<dyn TxIntake>,
     answers_tx: mpsc::Sender<Answer>,
@@ -130,7 +157,11 @@ impl Mesh {
         intake: Arc<dyn TxIntake>,
     ) -> Result<Mesh, MeshError> {
         let outbox_config = config.outbox();
+        // Our sends to a peer are capped below this, and so are a well-behaved peer's to us.
         let streams = outbox_config.max_in_flight * 2 + 32;
+        let codec = request_response::cbor::codec::Codec::default()
+            .set_request_size_maximum(MAX_REQUEST_BYTES as u64)
+            .set_response_size_maximum(MAX_BATCH_IN as u64 * 1024);
         let request_timeout = config.request_timeout;
         let limits = libp2p::connection_limits::ConnectionLimits::default()
             .with_max_established(Some(config.max_connections))
@@ -149,7 +180,8 @@ impl Mesh {
             // handled by closing the stale connection once it has a newer one (see below).
             .with_quic()
             .with_behaviour(|key| Behaviour {
-                tx: request_response::cbor::Behaviour::new(
+                tx: request_response::Behaviour::with_codec(
+                    codec,
                     [(PROTOCOL, ProtocolSupport::Full)],
                     request_response::Config::default()
                         .with_request_timeout(request_timeout)
@@ -203,7 +235,9 @@ impl Mesh {
             outbox,
             peers,
             requests: HashMap::new(),
-            came_from: HashMap::new(),
+            known: Known::new(KNOWN_HASHES),
+            ack_times: hdrhistogram::Histogram::new_with_bounds(1, 600_000_000, 2)
+                .map_err(|e| MeshError::Config(e.to_string()))?,
             inbound: InboundCounts::default(),
             intake,
             answers_tx,
@@ -227,8 +261,7 @@ impl Mesh {
     /// Sends a transaction to every peer (except the one it came from). Refused at once, and
     /// counted, when the node's command queue is full.
     pub fn broadcast(&self, raw: Vec<u8>) -> Result<(), BroadcastRefused> {
-        let hash = keccak256(&raw);
-        let command = Command::Broadcast { hash, message: Arc::new(TxMessage { raw }) };
+        let command = Command::Broadcast(Arc::new(Tx { hash: keccak256(&raw), raw }));
         self.commands.try_send(command).map_err(|_| {
             self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             metrics::counter!("sluice_mesh_broadcasts_refused_total").increment(1);
@@ -243,6 +276,13 @@ impl Mesh {
         let mut status = rx.await.ok()?;
         status.broadcasts_refused = self.refused.load(std::sync::atomic::Ordering::Relaxed);
         Some(status)
+    }
+
+    /// The send-to-verdict time of every transaction this node sent, in microseconds.
+    pub async fn ack_times(&self) -> Option<hdrhistogram::Histogram<u64>> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(Command::AckTimes(tx)).await.ok()?;
+        rx.await.ok()
     }
 
     /// The status as of at most half a second ago (for synchronous readers such as `/status`).
@@ -266,7 +306,7 @@ impl Mesh {
 #[error("mesh busy: broadcast queue full")]
 pub struct BroadcastRefused;
 
-type Answer = (ResponseChannel<Verdict>, Verdict);
+type Answer = (ResponseChannel<Vec<Verdict>>, Vec<Verdict>);
 
 impl Node {
     fn now(&self) -> u64 {
@@ -285,8 +325,9 @@ impl Node {
             tokio::select! {
                 event = self.swarm.select_next_some() => self.on_swarm(event),
                 command = commands.recv() => match command {
-                    Some(Command::Broadcast { hash, message }) => self.broadcast(hash, message),
+                    Some(Command::Broadcast(tx)) => self.broadcast(tx),
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status(&listen)); }
+                    Some(Command::AckTimes(reply)) => { let _ = reply.send(self.ack_times.clone()); }
                     Some(Command::Shutdown(done)) => { let _ = done.send(()); return; }
                     None => return,
                 },
@@ -307,35 +348,44 @@ impl Node {
         }
     }
 
-    fn broadcast(&mut self, hash: B256, message: Arc<TxMessage>) {
+    fn broadcast(&mut self, tx: Arc<Tx>) {
         let now = self.now();
-        let skip = self.came_from.get(&hash).copied();
-        let peers: Vec<PeerId> = self.outbox.peers().copied().filter(|p| Some(*p) != skip).collect();
+        let peers: Vec<PeerId> = self.outbox.peers().copied().filter(|p| !self.known.has(&tx.hash, p)).collect();
         for peer in peers {
-            match self.outbox.enqueue(now, &peer, message.clone()) {
-                Ok(_) => {
-                    let actions = self.outbox.pump(self.now(), &peer);
-                    self.act(actions);
-                }
+            match self.outbox.enqueue(now, &peer, tx.clone()) {
+                Ok(_) => self.pump(&peer),
                 Err(done) => self.finished(done),
             }
         }
     }
 
-    fn poll(&mut self) {
-        let (actions, done) = self.outbox.poll(self.now());
+    /// Sends what is ready for `peer`, skipping what it already has.
+    fn pump(&mut self, peer: &PeerId) {
+        let known = &self.known;
+        let (actions, done) = self.outbox.pump(self.now(), peer, &mut |p, tx| known.has(&tx.hash, p));
         for d in done {
             self.finished(d);
         }
         self.act(actions);
     }
 
-    fn act(&mut self, actions: Vec<Action<PeerId, Arc<TxMessage>>>) {
+    fn poll(&mut self) {
+        let known = &self.known;
+        let (actions, done) = self.outbox.poll(self.now(), &mut |p, tx| known.has(&tx.hash, p));
+        for d in done {
+            self.finished(d);
+        }
+        self.act(actions);
+    }
+
+    fn act(&mut self, actions: Vec<Action<PeerId, Arc<Tx>>>) {
         for action in actions {
             match action {
-                Action::Send { peer, id, message } => {
-                    let request = self.swarm.behaviour_mut().tx.send_request(&peer, (*message).clone());
-                    self.requests.insert(request, (id, Instant::now()));
+                Action::Send { peer, send, messages, .. } => {
+                    let batch =
+                        TxBatch { txs: messages.iter().map(|m| serde_bytes::ByteBuf::from(m.raw.clone())).collect() };
+                    let request = self.swarm.behaviour_mut().tx.send_request(&peer, batch);
+                    self.requests.insert(request, (send, Instant::now()));
                     metrics::counter!("sluice_mesh_sends_total").increment(1);
                 }
                 Action::Dial(peer) => {
@@ -352,6 +402,7 @@ impl Node {
     fn finished(&mut self, done: Done<PeerId>) {
         match &done.outcome {
             Outcome::Acked => metrics::counter!("sluice_mesh_messages_total", "outcome" => "acked").increment(1),
+            Outcome::Skipped => metrics::counter!("sluice_mesh_messages_total", "outcome" => "skipped").increment(1),
             Outcome::Failed(why) => {
                 metrics::counter!("sluice_mesh_messages_total", "outcome" => "failed").increment(1);
                 // Every failure is counted; the log is rate-limited so a dead peer cannot flood it.
@@ -377,8 +428,7 @@ impl Node {
                     }
                 }
                 metrics::gauge!("sluice_mesh_peers_connected").set(self.swarm.connected_peers().count() as f64);
-                let actions = self.outbox.pump(self.now(), &peer_id);
-                self.act(actions);
+                self.pump(&peer_id);
             }
             SwarmEvent::ConnectionClosed { peer_id, num_established, connection_id, .. } => {
                 if let Some(info) = self.peers.get_mut(&peer_id) {
@@ -407,51 +457,69 @@ impl Node {
         }
     }
 
-    fn on_tx(&mut self, event: request_response::Event<TxMessage, Verdict>) {
+    fn on_tx(&mut self, event: request_response::Event<TxBatch, Vec<Verdict>>) {
         use request_response::{Event, Message};
         match event {
             Event::Message { peer, message: Message::Request { request, channel, .. }, .. } => {
-                self.inbound.received += 1;
-                let hash = keccak256(&request.raw);
-                // Before the pool sees it: its pending feed may ask us to broadcast it at once,
-                // and it must not go back to where it came from.
-                self.came_from.insert(hash, peer);
-                if self.came_from.len() > 200_000 {
-                    self.came_from.clear();
+                let txs = request.txs;
+                self.inbound.received += txs.len() as u64;
+                self.inbound.requests += 1;
+                if txs.len() > MAX_BATCH_IN {
+                    let why = format!("{} transactions in one request; at most {MAX_BATCH_IN}", txs.len());
+                    let _ =
+                        self.swarm.behaviour_mut().tx.send_response(channel, vec![Verdict::Invalid(why); txs.len()]);
+                    return;
+                }
+                // Before the pool sees them: its pending feed may ask us to broadcast them at
+                // once, and they must not go back to where they came from.
+                for raw in &txs {
+                    self.known.insert(keccak256(raw), peer);
                 }
                 let intake = self.intake.clone();
                 let answers = self.answers_tx.clone();
                 tokio::spawn(async move {
-                    let verdict = match intake.submit(request.raw.into(), Origin::Peer).await {
-                        Ok(_) => Verdict::Accepted,
-                        Err(e @ (SubmitError::Busy | SubmitError::Unavailable(_))) => {
-                            Verdict::Unavailable(e.to_string())
+                    // All at once, in order: the pool takes a sender's nonces as they come.
+                    let verdicts = futures_util::future::join_all(txs.into_iter().map(|raw| {
+                        let intake = intake.clone();
+                        async move {
+                            match intake.submit(raw.into_vec().into(), Origin::Peer).await {
+                                Ok(_) => Verdict::Accepted,
+                                Err(e @ (SubmitError::Busy | SubmitError::Unavailable(_))) => {
+                                    Verdict::Unavailable(e.to_string())
+                                }
+                                Err(e) => Verdict::Invalid(e.to_string()),
+                            }
                         }
-                        Err(e) => Verdict::Invalid(e.to_string()),
-                    };
-                    let _ = answers.send((channel, verdict)).await;
+                    }))
+                    .await;
+                    let _ = answers.send((channel, verdicts)).await;
                 });
             }
             Event::Message { peer, message: Message::Response { request_id, response }, .. } => {
-                let Some((id, sent)) = self.requests.remove(&request_id) else { return };
-                let rtt = sent.elapsed().as_secs_f64() * 1e3;
+                let Some((send, sent)) = self.requests.remove(&request_id) else { return };
+                let elapsed = sent.elapsed();
+                let rtt = elapsed.as_secs_f64() * 1e3;
                 let info = self.peers.entry(peer).or_default();
                 info.rtt_ms = Some(info.rtt_ms.map_or(rtt, |r| 0.8 * r + 0.2 * rtt));
-                let done = match response {
-                    Verdict::Unavailable(why) => self.outbox.on_failure(self.now(), &peer, id, &why),
-                    Verdict::Accepted => self.outbox.on_ack(&peer, id),
-                    Verdict::Invalid(why) => {
-                        // Delivered and judged: acknowledged, not retried, counted.
-                        metrics::counter!("sluice_mesh_peer_refused_total").increment(1);
-                        tracing::debug!(%peer, %why, "peer refused a transaction");
-                        self.outbox.on_ack(&peer, id)
-                    }
-                };
-                if let Some(done) = done {
+                let verdicts: Vec<Result<(), String>> = response
+                    .into_iter()
+                    .map(|verdict| match verdict {
+                        Verdict::Accepted => Ok(()),
+                        Verdict::Unavailable(why) => Err(why),
+                        Verdict::Invalid(why) => {
+                            // Delivered and judged: acknowledged, not retried, counted.
+                            metrics::counter!("sluice_mesh_peer_refused_total").increment(1);
+                            tracing::debug!(%peer, %why, "peer refused a transaction");
+                            Ok(())
+                        }
+                    })
+                    .collect();
+                let acked = verdicts.iter().filter(|v| v.is_ok()).count() as u64;
+                let _ = self.ack_times.record_n((elapsed.as_micros() as u64).max(1), acked);
+                for done in self.outbox.on_answer(self.now(), &peer, send, &verdicts) {
                     self.finished(done);
                 }
-                let actions = self.outbox.pump(self.now(), &peer);
-                self.act(actions);
+                self.pump(&peer);
             }
             Event::OutboundFailure { peer, connection_id, request_id, error } => {
                 let newer = self.peers.get(&peer).is_some_and(|p| p.connections.iter().any(|c| *c != connection_id));
@@ -462,9 +530,9 @@ impl Node {
                     // slowness, which under load would turn delay into a cascade of failures.
                     self.swarm.close_connection(connection_id);
                 }
-                let Some((id, _)) = self.requests.remove(&request_id) else { return };
+                let Some((send, _)) = self.requests.remove(&request_id) else { return };
                 metrics::counter!("sluice_mesh_send_failures_total").increment(1);
-                if let Some(done) = self.outbox.on_failure(self.now(), &peer, id, &error.to_string()) {
+                for done in self.outbox.on_failure(self.now(), &peer, send, &error.to_string()) {
                     self.finished(done);
                 }
             }
@@ -503,6 +571,7 @@ impl Node {
             listen: listen.iter().map(|a| a.to_string()).collect(),
             peers,
             inbound: self.inbound,
+            ack_ms: AckTimes::of(&self.ack_times),
             broadcasts_refused: 0,
         }
     }

@@ -1,21 +1,45 @@
 //! The message service's delivery rules, as a pure state machine: per-peer bounded queues, a cap
-//! on messages in flight per peer, retries with exponential backoff and jitter, re-dials, and a
-//! deadline. Every message given to [`Outbox::enqueue`] ends exactly once, as [`Outcome::Acked`]
-//! or [`Outcome::Failed`] with a reason: nothing is dropped silently, including when a queue is
-//! full (refused at once, with a reason) or a peer goes away.
+//! on streams in flight per peer, retries with exponential backoff and jitter, re-dials, and a
+//! deadline. Every message given to [`Outbox::enqueue`] ends exactly once, as [`Outcome::Acked`],
+//! [`Outcome::Skipped`] (the peer already had it) or [`Outcome::Failed`] with a reason: nothing
+//! is dropped silently, including when a queue is full (refused at once, with a reason) or a
+//! peer goes away.
+//!
+//! A *message* is one transaction for one peer; a *send* is one stream. A send carries the
+//! messages waiting for its peer, up to `max_batch` of them and `max_batch_bytes`: when the
+//! peer keeps up, each message leaves alone the moment it is queued; under a backlog (every
+//! stream slot busy) the next send takes what piled up, so the per-stream cost is shared and
+//! the backlog drains instead of growing. Each message in a send gets its own verdict.
 //!
 //! Time is passed in as nanoseconds from any fixed origin; the node feeds it events from libp2p.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// A message's size on the wire, for the byte cap on a send.
+pub trait Weight {
+    /// Bytes.
+    fn weight(&self) -> usize;
+}
+
+impl<T: Weight + ?Sized> Weight for Arc<T> {
+    fn weight(&self) -> usize {
+        (**self).weight()
+    }
+}
 
 /// Delivery settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxConfig {
-    /// Messages in flight to one peer at once (kept under the peer's stream limit, so that no
-    /// inbound stream is ever dropped for being over it).
+    /// Sends (streams) in flight to one peer at once, kept under the peer's stream limit so that
+    /// no inbound stream is ever dropped for being over it.
     pub max_in_flight: usize,
+    /// Messages in one send (1: strictly one message per stream).
+    pub max_batch: usize,
+    /// Bytes in one send (a single larger message still goes, alone).
+    pub max_batch_bytes: usize,
     /// Messages waiting for one peer; beyond this `enqueue` refuses (backpressure).
     pub queue_per_peer: usize,
     /// A message not acknowledged within this of its first send fails.
@@ -34,7 +58,9 @@ pub struct OutboxConfig {
 impl Default for OutboxConfig {
     fn default() -> Self {
         OutboxConfig {
-            max_in_flight: 256,
+            max_in_flight: 2,
+            max_batch: 512,
+            max_batch_bytes: 256 * 1024,
             queue_per_peer: 100_000,
             deadline: Duration::from_secs(5),
             max_queue_wait: Duration::from_secs(30),
@@ -50,6 +76,8 @@ impl Default for OutboxConfig {
 pub enum Outcome {
     /// The peer acknowledged it.
     Acked,
+    /// Not sent: the peer already had it (it sent it to us).
+    Skipped,
     /// It was not delivered: why.
     Failed(String),
 }
@@ -57,14 +85,16 @@ pub enum Outcome {
 /// What the node must do now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action<P, M> {
-    /// Send `message` (one stream) to `peer`; report back with `id`.
+    /// Send `messages` (one stream) to `peer`; report back with `send`.
     Send {
         /// To whom.
         peer: P,
-        /// Report `on_ack` / `on_failure` with this.
-        id: u64,
-        /// The payload.
-        message: M,
+        /// Report `on_answer` / `on_failure` with this.
+        send: u64,
+        /// The messages' ids, in order.
+        ids: Vec<u64>,
+        /// The payloads, in order; the answer has one verdict for each.
+        messages: Vec<M>,
     },
     /// Dial `peer`: it has messages waiting and is not connected.
     Dial(P),
@@ -88,10 +118,14 @@ pub struct Done<P> {
 pub struct PeerCounts {
     /// Messages enqueued (including those refused).
     pub enqueued: u64,
-    /// Sends (attempts).
+    /// Messages sent (attempts).
     pub sent: u64,
+    /// Sends, that is streams opened.
+    pub streams: u64,
     /// Messages acknowledged.
     pub acked: u64,
+    /// Messages not sent because the peer already had them.
+    pub skipped: u64,
     /// Messages that failed.
     pub failed: u64,
     /// Retries scheduled.
@@ -114,7 +148,9 @@ struct Entry<M> {
 struct PeerQueue<M> {
     ready: VecDeque<Entry<M>>,
     backoff: Vec<Entry<M>>,
-    in_flight: HashMap<u64, Entry<M>>,
+    /// Sends in flight; a slot is `None` once its message ended (its deadline passed).
+    in_flight: HashMap<u64, Vec<Option<Entry<M>>>>,
+    in_flight_messages: usize,
     connected: bool,
     /// A configured peer: dialed whenever it is not connected, with or without messages.
     keep: bool,
@@ -129,6 +165,7 @@ impl<M> PeerQueue<M> {
             ready: VecDeque::new(),
             backoff: Vec::new(),
             in_flight: HashMap::new(),
+            in_flight_messages: 0,
             connected: false,
             keep: false,
             next_dial: 0,
@@ -148,6 +185,7 @@ pub struct Outbox<P, M> {
     config: OutboxConfig,
     peers: HashMap<P, PeerQueue<M>>,
     next_id: u64,
+    next_send: u64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -163,10 +201,20 @@ fn jitter(id: u64, attempt: u32) -> f64 {
     0.5 + (x >> 11) as f64 / (1u64 << 53) as f64 / 2.0
 }
 
-impl<P: Clone + Eq + Hash, M: Clone> Outbox<P, M> {
+fn expired_failure<P: Clone, M>(peer: &P, e: Entry<M>, counts: &mut PeerCounts) -> Done<P> {
+    counts.failed += 1;
+    let why = match (&e.last_error, e.first_sent) {
+        (_, None) => "never sent: waited too long in the queue".to_string(),
+        (Some(last), _) => format!("deadline passed after {} attempt(s); last error: {last}", e.attempts),
+        (None, _) => format!("deadline passed after {} attempt(s)", e.attempts),
+    };
+    Done { peer: peer.clone(), id: e.id, outcome: Outcome::Failed(why), attempts: e.attempts }
+}
+
+impl<P: Clone + Eq + Hash, M: Clone + Weight> Outbox<P, M> {
     /// No peers yet.
     pub fn new(config: OutboxConfig) -> Self {
-        Outbox { config, peers: HashMap::new(), next_id: 1 }
+        Outbox { config, peers: HashMap::new(), next_id: 1, next_send: 1 }
     }
 
     /// The settings.
@@ -189,7 +237,7 @@ impl<P: Clone + Eq + Hash, M: Clone> Outbox<P, M> {
         self.peers.keys()
     }
 
-    /// Marks `peer` connected or not. Messages in flight on a lost connection are failed by the
+    /// Marks `peer` connected or not. Sends in flight on a lost connection are failed by the
     /// transport (and retried); the outbox only stops sending until it is back.
     pub fn set_connected(&mut self, peer: &P, connected: bool) {
         if let Some(q) = self.peers.get_mut(peer) {
@@ -214,7 +262,7 @@ impl<P: Clone + Eq + Hash, M: Clone> Outbox<P, M> {
             return Err(Done { peer: peer.clone(), id, outcome: Outcome::Failed("unknown peer".into()), attempts: 0 });
         };
         q.counts.enqueued += 1;
-        if q.waiting() + q.in_flight.len() >= self.config.queue_per_peer {
+        if q.waiting() + q.in_flight_messages >= self.config.queue_per_peer {
             q.counts.failed += 1;
             return Err(Done { peer: peer.clone(), id, outcome: Outcome::Failed("queue full".into()), attempts: 0 });
         }
@@ -230,8 +278,9 @@ impl<P: Clone + Eq + Hash, M: Clone> Outbox<P, M> {
         Ok(id)
     }
 
-    /// What to do now, and the messages that ended (deadlines passed).
-    pub fn poll(&mut self, now: u64) -> (Vec<Action<P, M>>, Vec<Done<P>>) {
+    /// What to do now, and the messages that ended (deadlines passed, or skipped because
+    /// `has(peer, message)` says the peer already has them).
+    pub fn poll(&mut self, now: u64, has: &mut dyn FnMut(&P, &M) -> bool) -> (Vec<Action<P, M>>, Vec<Done<P>>) {
         let deadline = nanos(self.config.deadline);
         let queue_wait = nanos(self.config.max_queue_wait);
         let mut actions = Vec::new();
@@ -248,34 +297,28 @@ impl<P: Clone + Eq + Hash, M: Clone> Outbox<P, M> {
                 Some(sent) => sent + deadline <= now,
                 None => e.enqueued + queue_wait <= now,
             };
-            let mut fail = |e: Entry<M>, counts: &mut PeerCounts| {
-                counts.failed += 1;
-                let why = match (&e.last_error, e.first_sent) {
-                    (_, None) => "never sent: waited too long in the queue".to_string(),
-                    (Some(last), _) => format!("deadline passed after {} attempt(s); last error: {last}", e.attempts),
-                    (None, _) => format!("deadline passed after {} attempt(s)", e.attempts),
-                };
-                done.push(Done { peer: peer.clone(), id: e.id, outcome: Outcome::Failed(why), attempts: e.attempts });
-            };
             let mut keep = VecDeque::with_capacity(q.ready.len());
             for e in q.ready.drain(..) {
                 if expired(&e) {
-                    fail(e, &mut q.counts);
+                    done.push(expired_failure(peer, e, &mut q.counts));
                 } else {
                     keep.push_back(e);
                 }
             }
             q.ready = keep;
-            let late: Vec<u64> = q.in_flight.values().filter(|e| expired(e)).map(|e| e.id).collect();
-            for id in late {
-                if let Some(e) = q.in_flight.remove(&id) {
-                    fail(e, &mut q.counts);
+            for slots in q.in_flight.values_mut() {
+                for slot in slots.iter_mut() {
+                    if let Some(e) = slot.take_if(|e| expired(e)) {
+                        q.in_flight_messages -= 1;
+                        done.push(expired_failure(peer, e, &mut q.counts));
+                    }
                 }
             }
-            let backoff = std::mem::take(&mut q.backoff);
-            for e in backoff {
+            // A send whose messages all ended frees its slot; a late answer to it is ignored.
+            q.in_flight.retain(|_, slots| slots.iter().any(Option::is_some));
+            for e in std::mem::take(&mut q.backoff) {
                 if expired(&e) {
-                    fail(e, &mut q.counts);
+                    done.push(expired_failure(peer, e, &mut q.counts));
                 } else {
                     q.backoff.push(e);
                 }
@@ -284,71 +327,92 @@ impl<P: Clone + Eq + Hash, M: Clone> Outbox<P, M> {
             if !q.connected {
                 if (q.keep || !q.ready.is_empty()) && now >= q.next_dial {
                     q.dials += 1;
-                    let wait = backoff_for(&self.config, q.dials, 0);
-                    q.next_dial = now + wait;
+                    q.next_dial = now + backoff_for(&self.config, q.dials, 0);
                     actions.push(Action::Dial(peer.clone()));
                 }
                 continue;
             }
-            while q.in_flight.len() < self.config.max_in_flight {
-                let Some(mut e) = q.ready.pop_front() else { break };
-                e.attempts += 1;
-                e.first_sent.get_or_insert(now);
-                q.counts.sent += 1;
-                actions.push(Action::Send { peer: peer.clone(), id: e.id, message: e.message.clone() });
-                q.in_flight.insert(e.id, e);
-            }
+            take_sends(&self.config, &mut self.next_send, now, peer, q, has, &mut actions, &mut done);
         }
         (actions, done)
     }
 
-    /// Sends what is ready for `peer`, up to the in-flight cap (cheap: no deadline scan). Called
-    /// after an enqueue or an answer so messages do not wait for the next `poll`.
-    pub fn pump(&mut self, now: u64, peer: &P) -> Vec<Action<P, M>> {
+    /// Sends what is ready for `peer`, up to the cap on sends in flight (cheap: no deadline
+    /// scan). Called after an enqueue or an answer so messages do not wait for the next `poll`.
+    pub fn pump(
+        &mut self,
+        now: u64,
+        peer: &P,
+        has: &mut dyn FnMut(&P, &M) -> bool,
+    ) -> (Vec<Action<P, M>>, Vec<Done<P>>) {
         let mut actions = Vec::new();
-        let Some(q) = self.peers.get_mut(peer) else { return actions };
-        if !q.connected {
-            return actions;
+        let mut done = Vec::new();
+        if let Some(q) = self.peers.get_mut(peer).filter(|q| q.connected) {
+            take_sends(&self.config, &mut self.next_send, now, peer, q, has, &mut actions, &mut done);
         }
-        while q.in_flight.len() < self.config.max_in_flight {
-            let Some(mut e) = q.ready.pop_front() else { break };
-            e.attempts += 1;
-            e.first_sent.get_or_insert(now);
-            q.counts.sent += 1;
-            actions.push(Action::Send { peer: peer.clone(), id: e.id, message: e.message.clone() });
-            q.in_flight.insert(e.id, e);
-        }
-        actions
+        (actions, done)
     }
 
-    /// `peer` acknowledged message `id`. `None` when it had already ended (a late answer).
-    pub fn on_ack(&mut self, peer: &P, id: u64) -> Option<Done<P>> {
-        let q = self.peers.get_mut(peer)?;
-        let e = q.in_flight.remove(&id)?;
-        q.counts.acked += 1;
-        Some(Done { peer: peer.clone(), id, outcome: Outcome::Acked, attempts: e.attempts })
+    /// `peer` answered send `send` with one verdict per message, in order: `Ok` is an
+    /// acknowledgement, `Err(why)` a refusal to take it now (retried after a backoff, or ended
+    /// when its attempts are used up). An answer with the wrong number of verdicts fails the
+    /// whole send. Returns the messages that ended; none for a late answer.
+    pub fn on_answer(&mut self, now: u64, peer: &P, send: u64, verdicts: &[Result<(), String>]) -> Vec<Done<P>> {
+        let Some(q) = self.peers.get_mut(peer) else { return Vec::new() };
+        let Some(slots) = q.in_flight.remove(&send) else { return Vec::new() };
+        let mismatch = (verdicts.len() != slots.len())
+            .then(|| format!("the answer had {} verdicts for {} messages", verdicts.len(), slots.len()));
+        let mut done = Vec::new();
+        for (i, slot) in slots.into_iter().enumerate() {
+            let Some(mut e) = slot else { continue };
+            q.in_flight_messages -= 1;
+            let verdict = match &mismatch {
+                Some(why) => Err(why.as_str()),
+                None => verdicts[i].as_ref().map(|_| ()).map_err(String::as_str),
+            };
+            match verdict {
+                Ok(()) => {
+                    q.counts.acked += 1;
+                    done.push(Done { peer: peer.clone(), id: e.id, outcome: Outcome::Acked, attempts: e.attempts });
+                }
+                Err(reason) => {
+                    e.last_error = Some(reason.to_string());
+                    if e.attempts >= self.config.max_attempts {
+                        q.counts.failed += 1;
+                        let why = format!("gave up after {} attempts; last error: {reason}", e.attempts);
+                        done.push(Done {
+                            peer: peer.clone(),
+                            id: e.id,
+                            outcome: Outcome::Failed(why),
+                            attempts: e.attempts,
+                        });
+                    } else {
+                        q.counts.retried += 1;
+                        e.due = now + backoff_for(&self.config, e.attempts, e.id);
+                        q.backoff.push(e);
+                    }
+                }
+            }
+        }
+        done
     }
 
-    /// Sending message `id` to `peer` failed: it is retried after a backoff, or ends when its
-    /// attempts are used up. `None` when it had already ended.
-    pub fn on_failure(&mut self, now: u64, peer: &P, id: u64, reason: &str) -> Option<Done<P>> {
-        let q = self.peers.get_mut(peer)?;
-        let mut e = q.in_flight.remove(&id)?;
-        e.last_error = Some(reason.to_string());
-        if e.attempts >= self.config.max_attempts {
-            q.counts.failed += 1;
-            let why = format!("gave up after {} attempts; last error: {reason}", e.attempts);
-            return Some(Done { peer: peer.clone(), id, outcome: Outcome::Failed(why), attempts: e.attempts });
-        }
-        q.counts.retried += 1;
-        e.due = now + backoff_for(&self.config, e.attempts, e.id);
-        q.backoff.push(e);
-        None
+    /// Send `send` to `peer` failed as a whole (stream reset, timeout, connection lost): each of
+    /// its messages is retried after a backoff, or ends when its attempts are used up.
+    pub fn on_failure(&mut self, now: u64, peer: &P, send: u64, reason: &str) -> Vec<Done<P>> {
+        let n = self.peers.get(peer).and_then(|q| q.in_flight.get(&send)).map_or(0, Vec::len);
+        let verdicts = vec![Err(reason.to_string()); n];
+        self.on_answer(now, peer, send, &verdicts)
     }
 
     /// Messages waiting for `peer` (queued or backing off) and in flight.
     pub fn depth(&self, peer: &P) -> (usize, usize) {
-        self.peers.get(peer).map_or((0, 0), |q| (q.waiting(), q.in_flight.len()))
+        self.peers.get(peer).map_or((0, 0), |q| (q.waiting(), q.in_flight_messages))
+    }
+
+    /// Sends (streams) in flight to `peer`.
+    pub fn streams(&self, peer: &P) -> usize {
+        self.peers.get(peer).map_or(0, |q| q.in_flight.len())
     }
 
     /// The counters of `peer`.
@@ -358,7 +422,55 @@ impl<P: Clone + Eq + Hash, M: Clone> Outbox<P, M> {
 
     /// Messages not yet ended, for every peer.
     pub fn pending(&self) -> usize {
-        self.peers.values().map(|q| q.waiting() + q.in_flight.len()).sum()
+        self.peers.values().map(|q| q.waiting() + q.in_flight_messages).sum()
+    }
+}
+
+/// Forms sends for a connected peer while stream slots are free: each takes the messages at the
+/// front of the line up to the batch caps; messages the peer already has end as skipped.
+#[allow(clippy::too_many_arguments)]
+fn take_sends<P: Clone, M: Clone + Weight>(
+    config: &OutboxConfig,
+    next_send: &mut u64,
+    now: u64,
+    peer: &P,
+    q: &mut PeerQueue<M>,
+    has: &mut dyn FnMut(&P, &M) -> bool,
+    actions: &mut Vec<Action<P, M>>,
+    done: &mut Vec<Done<P>>,
+) {
+    while q.in_flight.len() < config.max_in_flight && !q.ready.is_empty() {
+        let (mut slots, mut ids, mut messages, mut bytes) = (Vec::new(), Vec::new(), Vec::new(), 0usize);
+        while let Some(e) = q.ready.front() {
+            if has(peer, &e.message) {
+                if let Some(e) = q.ready.pop_front() {
+                    q.counts.skipped += 1;
+                    done.push(Done { peer: peer.clone(), id: e.id, outcome: Outcome::Skipped, attempts: e.attempts });
+                }
+                continue;
+            }
+            let weight = e.message.weight();
+            if !slots.is_empty() && (slots.len() >= config.max_batch || bytes + weight > config.max_batch_bytes) {
+                break;
+            }
+            let Some(mut e) = q.ready.pop_front() else { break };
+            bytes += weight;
+            e.attempts += 1;
+            e.first_sent.get_or_insert(now);
+            q.counts.sent += 1;
+            ids.push(e.id);
+            messages.push(e.message.clone());
+            slots.push(Some(e));
+        }
+        if slots.is_empty() {
+            break;
+        }
+        let send = *next_send;
+        *next_send += 1;
+        q.counts.streams += 1;
+        q.in_flight_messages += slots.len();
+        q.in_flight.insert(send, slots);
+        actions.push(Action::Send { peer: peer.clone(), send, ids, messages });
     }
 }
 
@@ -377,28 +489,100 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    impl Weight for u32 {
+        fn weight(&self) -> usize {
+            100
+        }
+    }
+
+    fn none(_: &&'static str, _: &u32) -> bool {
+        false
+    }
+
     fn outbox() -> Outbox<&'static str, u32> {
-        let mut o = Outbox::new(OutboxConfig { max_in_flight: 2, queue_per_peer: 4, ..OutboxConfig::default() });
+        let mut o =
+            Outbox::new(OutboxConfig { max_in_flight: 2, max_batch: 1, queue_per_peer: 4, ..OutboxConfig::default() });
         o.add_peer("a");
         o
     }
 
-    fn sends(actions: &[Action<&'static str, u32>]) -> Vec<u64> {
-        actions.iter().filter_map(|a| if let Action::Send { id, .. } = a { Some(*id) } else { None }).collect()
+    /// (send, message ids) of each send.
+    fn sends(actions: &[Action<&'static str, u32>]) -> Vec<(u64, Vec<u64>)> {
+        actions
+            .iter()
+            .filter_map(|a| if let Action::Send { send, ids, .. } = a { Some((*send, ids.clone())) } else { None })
+            .collect()
+    }
+
+    fn ids(actions: &[Action<&'static str, u32>]) -> Vec<u64> {
+        sends(actions).into_iter().flat_map(|(_, ids)| ids).collect()
     }
 
     #[test]
     fn a_disconnected_peer_is_dialed_with_backoff_and_then_served_in_order() {
         let mut o = outbox();
-        let ids: Vec<u64> = (0..3).map(|m| o.enqueue(0, &"a", m).unwrap()).collect();
-        let (actions, _) = o.poll(0);
+        let queued: Vec<u64> = (0..3).map(|m| o.enqueue(0, &"a", m).unwrap()).collect();
+        let (actions, _) = o.poll(0, &mut none);
         assert_eq!(actions, vec![Action::Dial("a")]);
-        assert!(o.poll(MS).0.is_empty(), "no second dial before the backoff");
+        assert!(o.poll(MS, &mut none).0.is_empty(), "no second dial before the backoff");
         o.set_connected(&"a", true);
-        let (actions, _) = o.poll(2 * MS);
-        assert_eq!(sends(&actions), ids[..2], "in order, at most max_in_flight");
-        assert!(o.on_ack(&"a", ids[0]).is_some());
-        assert_eq!(sends(&o.poll(3 * MS).0), vec![ids[2]]);
+        let (actions, _) = o.poll(2 * MS, &mut none);
+        assert_eq!(ids(&actions), queued[..2], "in order, at most max_in_flight");
+        let first = sends(&actions)[0].0;
+        assert_eq!(o.on_answer(2 * MS, &"a", first, &[Ok(())])[0].outcome, Outcome::Acked);
+        assert_eq!(ids(&o.poll(3 * MS, &mut none).0), vec![queued[2]]);
+    }
+
+    #[test]
+    fn a_backlog_goes_in_batches_within_the_caps_and_each_message_gets_its_verdict() {
+        let mut o = Outbox::new(OutboxConfig {
+            max_in_flight: 1,
+            max_batch: 3,
+            max_batch_bytes: 250,
+            ..OutboxConfig::default()
+        });
+        o.add_peer("a");
+        o.set_connected(&"a", true);
+        let first = o.enqueue(0, &"a", 1).unwrap();
+        let (actions, _) = o.pump(0, &"a", &mut none);
+        assert_eq!(ids(&actions), vec![first], "a message leaves alone when a slot is free");
+        let send = sends(&actions)[0].0;
+        let queued: Vec<u64> = (0..5).map(|m| o.enqueue(0, &"a", m).unwrap()).collect();
+        assert!(o.pump(0, &"a", &mut none).0.is_empty(), "no slot free");
+        o.on_answer(MS, &"a", send, &[Ok(())]);
+        let (actions, _) = o.pump(MS, &"a", &mut none);
+        assert_eq!(ids(&actions), queued[..2], "two of 100 bytes fit in 250");
+        let send = sends(&actions)[0].0;
+        let done = o.on_answer(MS, &"a", send, &[Ok(()), Err("busy".into())]);
+        assert_eq!(done.len(), 1, "the refused one is retried");
+        assert_eq!(o.counts(&"a").retried, 1);
+        let (actions, _) = o.poll(500 * MS, &mut none);
+        assert_eq!(ids(&actions), vec![queued[1], queued[2]], "the retry goes first");
+    }
+
+    #[test]
+    fn an_answer_with_the_wrong_number_of_verdicts_fails_the_send() {
+        let mut o = Outbox::new(OutboxConfig { max_batch: 4, ..OutboxConfig::default() });
+        o.add_peer("a");
+        o.enqueue(0, &"a", 1).unwrap();
+        o.enqueue(0, &"a", 2).unwrap();
+        o.set_connected(&"a", true);
+        let (actions, _) = o.pump(0, &"a", &mut none);
+        let send = sends(&actions)[0].0;
+        assert!(o.on_answer(0, &"a", send, &[Ok(())]).is_empty(), "both retried");
+        assert_eq!((o.counts(&"a").retried, o.counts(&"a").acked), (2, 0));
+    }
+
+    #[test]
+    fn messages_the_peer_already_has_are_skipped_not_sent() {
+        let mut o = outbox();
+        o.set_connected(&"a", true);
+        o.enqueue(0, &"a", 7).unwrap();
+        let kept = o.enqueue(0, &"a", 8).unwrap();
+        let (actions, done) = o.pump(0, &"a", &mut |_, m| *m == 7);
+        assert_eq!(ids(&actions), vec![kept]);
+        assert_eq!(done[0].outcome, Outcome::Skipped);
+        assert_eq!(o.counts(&"a").skipped, 1);
     }
 
     #[test]
@@ -417,13 +601,13 @@ mod tests {
         let mut o = outbox();
         o.set_connected(&"a", true);
         let id = o.enqueue(0, &"a", 1).unwrap();
-        o.poll(0);
-        assert!(o.on_failure(0, &"a", id, "stream reset").is_none(), "retried, not ended");
-        assert!(sends(&o.poll(10 * MS).0).is_empty(), "waits at least half the base backoff");
-        let (actions, _) = o.poll(60 * MS);
-        assert_eq!(sends(&actions), vec![id]);
-        let done = o.on_ack(&"a", id).unwrap();
-        assert_eq!((done.outcome, done.attempts), (Outcome::Acked, 2));
+        let (send, _) = sends(&o.poll(0, &mut none).0)[0].clone();
+        assert!(o.on_failure(0, &"a", send, "stream reset").is_empty(), "retried, not ended");
+        assert!(sends(&o.poll(10 * MS, &mut none).0).is_empty(), "waits at least half the base backoff");
+        let (actions, _) = o.poll(60 * MS, &mut none);
+        assert_eq!(ids(&actions), vec![id]);
+        let done = o.on_answer(60 * MS, &"a", sends(&actions)[0].0, &[Ok(())]);
+        assert_eq!((done[0].outcome.clone(), done[0].attempts), (Outcome::Acked, 2));
         assert_eq!(o.counts(&"a").retried, 1);
     }
 
@@ -431,37 +615,38 @@ mod tests {
     fn a_message_ends_at_its_deadline_with_the_last_error() {
         let mut o = outbox();
         o.set_connected(&"a", true);
-        let id = o.enqueue(0, &"a", 1).unwrap();
-        o.poll(0);
-        o.on_failure(MS, &"a", id, "connection closed");
-        let (_, done) = o.poll(5_001 * MS);
+        o.enqueue(0, &"a", 1).unwrap();
+        let (send, _) = sends(&o.poll(0, &mut none).0)[0].clone();
+        o.on_failure(MS, &"a", send, "connection closed");
+        let (_, done) = o.poll(5_001 * MS, &mut none);
         assert_eq!(done.len(), 1);
         match &done[0].outcome {
             Outcome::Failed(why) => assert!(why.contains("deadline") && why.contains("connection closed"), "{why}"),
             other => panic!("{other:?}"),
         }
         assert_eq!(o.pending(), 0);
-        assert!(o.on_ack(&"a", id).is_none(), "a late ack does not end it twice");
     }
 
     #[test]
     fn a_message_that_never_leaves_the_queue_ends_after_the_queue_wait() {
         let mut o = outbox();
         o.enqueue(0, &"a", 1).unwrap();
-        assert!(o.poll(29_000 * MS).1.is_empty(), "a peer down for a while keeps its messages");
-        let (_, done) = o.poll(30_000 * MS);
+        assert!(o.poll(29_000 * MS, &mut none).1.is_empty(), "a peer down for a while keeps its messages");
+        let (_, done) = o.poll(30_000 * MS, &mut none);
         assert_eq!(done[0].outcome, Outcome::Failed("never sent: waited too long in the queue".into()));
     }
 
     #[test]
-    fn in_flight_messages_without_an_answer_end_at_the_deadline() {
+    fn in_flight_messages_without_an_answer_end_at_the_deadline_and_a_late_answer_is_ignored() {
         let mut o = outbox();
         o.set_connected(&"a", true);
         o.enqueue(0, &"a", 1).unwrap();
-        o.poll(0);
-        let (_, done) = o.poll(5_001 * MS);
+        let (send, _) = sends(&o.poll(0, &mut none).0)[0].clone();
+        let (_, done) = o.poll(5_001 * MS, &mut none);
         assert_eq!(done.len(), 1);
         assert_eq!(o.counts(&"a").failed, 1);
+        assert_eq!(o.streams(&"a"), 0, "its stream slot is free again");
+        assert!(o.on_answer(5_002 * MS, &"a", send, &[Ok(())]).is_empty(), "a late answer does not end it twice");
     }
 
     mod properties {
@@ -470,71 +655,82 @@ mod tests {
 
         #[derive(Debug, Clone)]
         enum Step {
-            Enqueue,
+            Enqueue(u32),
             Connect(bool),
-            Ack(usize),
+            Answer(usize, bool),
             Fail(usize),
             Advance(u64),
         }
 
         fn step() -> impl Strategy<Value = Step> {
             prop_oneof![
-                4 => Just(Step::Enqueue),
+                4 => (0u32..20).prop_map(Step::Enqueue),
                 1 => any::<bool>().prop_map(Step::Connect),
-                3 => any::<usize>().prop_map(Step::Ack),
+                3 => (any::<usize>(), any::<bool>()).prop_map(|(i, all)| Step::Answer(i, all)),
                 2 => any::<usize>().prop_map(Step::Fail),
                 2 => (0u64..2_000).prop_map(|ms| Step::Advance(ms * MS)),
             ]
         }
 
         proptest! {
-            /// Every message enqueued ends exactly once (acked or failed with a reason), the cap
-            /// on messages in flight holds, and after the deadline nothing is left.
+            /// Every message enqueued ends exactly once (acked, skipped or failed with a
+            /// reason), the caps on sends in flight and on batch size hold, and after the
+            /// deadline nothing is left.
             #[test]
             fn every_message_ends_exactly_once(steps in proptest::collection::vec(step(), 1..200)) {
                 let mut o: Outbox<u8, u32> = Outbox::new(OutboxConfig {
-                    max_in_flight: 3, queue_per_peer: 8, ..OutboxConfig::default()
+                    max_in_flight: 3, max_batch: 4, max_batch_bytes: 350, queue_per_peer: 12,
+                    ..OutboxConfig::default()
                 });
                 o.add_peer(1);
+                // The peer "already has" multiples of 7.
+                let mut has = |_: &u8, m: &u32| m.is_multiple_of(7);
                 let mut now = 0u64;
                 let mut open: Vec<u64> = Vec::new();
-                let mut in_flight: Vec<u64> = Vec::new();
+                let mut in_flight: Vec<(u64, usize)> = Vec::new();
                 let mut ended: std::collections::HashSet<u64> = Default::default();
                 let end = |d: Done<u8>, ended: &mut std::collections::HashSet<u64>| {
                     assert!(ended.insert(d.id), "message {} ended twice", d.id);
                 };
                 for s in steps {
-                    match s {
-                        Step::Enqueue => match o.enqueue(now, &1, 0) {
-                            Ok(id) => open.push(id),
-                            Err(d) => end(d, &mut ended),
+                    let done = match s {
+                        Step::Enqueue(m) => match o.enqueue(now, &1, m) {
+                            Ok(id) => { open.push(id); Vec::new() }
+                            Err(d) => vec![d],
                         },
-                        Step::Connect(c) => o.set_connected(&1, c),
-                        Step::Ack(i) if !in_flight.is_empty() => {
-                            let id = in_flight.remove(i % in_flight.len());
-                            if let Some(d) = o.on_ack(&1, id) { end(d, &mut ended) }
+                        Step::Connect(c) => { o.set_connected(&1, c); Vec::new() }
+                        Step::Answer(i, all) if !in_flight.is_empty() => {
+                            let (send, n) = in_flight.remove(i % in_flight.len());
+                            let verdicts: Vec<Result<(), String>> =
+                                (0..n).map(|k| if all || k.is_multiple_of(2) { Ok(()) } else { Err("busy".into()) }).collect();
+                            o.on_answer(now, &1, send, &verdicts)
                         }
                         Step::Fail(i) if !in_flight.is_empty() => {
-                            let id = in_flight.remove(i % in_flight.len());
-                            if let Some(d) = o.on_failure(now, &1, id, "reset") { end(d, &mut ended) }
+                            let (send, _) = in_flight.remove(i % in_flight.len());
+                            o.on_failure(now, &1, send, "reset")
                         }
-                        Step::Advance(d) => now += d,
-                        _ => {}
-                    }
-                    let (actions, done) = o.poll(now);
-                    for d in done { in_flight.retain(|i| *i != d.id); end(d, &mut ended); }
+                        Step::Advance(d) => { now += d; Vec::new() }
+                        _ => Vec::new(),
+                    };
+                    for d in done { end(d, &mut ended); }
+                    let (actions, done) = o.poll(now, &mut has);
+                    for d in done { end(d, &mut ended); }
                     for a in actions {
-                        if let Action::Send { id, .. } = a { in_flight.push(id); }
+                        if let Action::Send { send, ids, messages, .. } = a {
+                            prop_assert!(!ids.is_empty() && ids.len() <= 3, "batch of {}", ids.len());
+                            prop_assert!(messages.iter().all(|m| !m.is_multiple_of(7)), "a message the peer has was sent");
+                            in_flight.push((send, ids.len()));
+                        }
                     }
-                    prop_assert!(o.depth(&1).1 <= 3);
+                    prop_assert!(o.streams(&1) <= 3);
                 }
                 // Past every deadline, everything has ended.
-                let (_, done) = o.poll(now + 31_000 * MS);
+                let (_, done) = o.poll(now + 31_000 * MS, &mut has);
                 for d in done { end(d, &mut ended); }
                 prop_assert_eq!(o.pending(), 0);
                 for id in open { prop_assert!(ended.contains(&id), "message {} never ended", id); }
                 let c = o.counts(&1);
-                prop_assert_eq!(c.acked + c.failed, c.enqueued);
+                prop_assert_eq!(c.acked + c.skipped + c.failed, c.enqueued);
             }
         }
     }

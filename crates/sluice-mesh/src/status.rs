@@ -7,8 +7,10 @@ use crate::outbox::PeerCounts;
 /// Transactions received from peers.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct InboundCounts {
-    /// Requests received.
+    /// Transactions received.
     pub received: u64,
+    /// Requests (streams) received.
+    pub requests: u64,
     /// Inbound streams that failed (timeout, reset, closed before the answer).
     pub failed: u64,
 }
@@ -32,6 +34,32 @@ pub struct PeerStatus {
     pub counts: PeerCounts,
 }
 
+/// Send-to-verdict times, ms.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct AckTimes {
+    /// Transactions acknowledged.
+    pub count: u64,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Longest.
+    pub max: f64,
+}
+
+impl AckTimes {
+    /// From a histogram of microseconds.
+    pub fn of(h: &hdrhistogram::Histogram<u64>) -> Self {
+        let ms = |us: u64| us as f64 / 1e3;
+        AckTimes {
+            count: h.len(),
+            p50: ms(h.value_at_quantile(0.5)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+        }
+    }
+}
+
 /// The whole mesh node.
 #[derive(Debug, Clone, Serialize)]
 pub struct MeshStatus {
@@ -43,6 +71,8 @@ pub struct MeshStatus {
     pub peers: Vec<PeerStatus>,
     /// What peers sent it.
     pub inbound: InboundCounts,
+    /// Send-to-verdict time of the transactions it sent, since start.
+    pub ack_ms: AckTimes,
     /// Broadcasts refused because the node's queue was full.
     pub broadcasts_refused: u64,
 }

@@ -46,10 +46,21 @@ async fn node(settings: MeshSettings, key: identity::Keypair) -> TestNode {
 
 /// Nodes where node i dials the nodes `dials(i)` (all earlier than i).
 async fn network(n: usize, dials: impl Fn(usize) -> Vec<usize>) -> Vec<TestNode> {
+    network_with(n, dials, |_| {}).await
+}
+
+/// The same, with settings changed by `tweak`.
+async fn network_with(
+    n: usize,
+    dials: impl Fn(usize) -> Vec<usize>,
+    tweak: impl Fn(&mut MeshSettings),
+) -> Vec<TestNode> {
     let mut nodes: Vec<TestNode> = Vec::new();
     for i in 0..n {
         let peers = dials(i).into_iter().flat_map(|j| nodes[j].mesh.addresses()).collect();
-        nodes.push(node(settings(peers, None), identity::Keypair::generate_ed25519()).await);
+        let mut settings = settings(peers, None);
+        tweak(&mut settings);
+        nodes.push(node(settings, identity::Keypair::generate_ed25519()).await);
     }
     nodes
 }
@@ -154,7 +165,13 @@ async fn a_transaction_reaches_every_node_and_an_invalid_one_goes_no_further() {
 async fn three_nodes_ten_thousand_each_nothing_lost_nothing_twice() {
     let _turn = HEAVY.lock().await;
     let full = |i: usize| (0..i).collect::<Vec<_>>();
-    let nodes = network(3, full).await;
+    // Strictly one transaction per stream and 256 streams in flight per peer: the stream-limit
+    // edge where rust-libp2p drops inbound streams over its cap with only a log line.
+    let nodes = network_with(3, full, |s| {
+        s.max_batch = 1;
+        s.max_in_flight = 256;
+    })
+    .await;
     connected(&nodes, full).await;
     let per_node = 10_000u64;
     let started = Instant::now();
@@ -176,6 +193,44 @@ async fn three_nodes_ten_thousand_each_nothing_lost_nothing_twice() {
     // inbound stream was cut, and each pool holds each transaction once.
     drained(&nodes, Duration::from_secs(60)).await;
     assert_eq!(failures(&nodes).await, (0, 0));
+    for n in &nodes {
+        let status = n.mesh.status().await.expect("status");
+        for p in &status.peers {
+            assert_eq!(p.counts.streams, p.counts.sent, "one stream per transaction: {p:?}");
+        }
+        assert_eq!(status.inbound.requests, status.inbound.received);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_backlog_sends_carry_many_transactions_each_with_its_verdict() {
+    let _turn = HEAVY.lock().await;
+    let pair = |i: usize| (0..i).collect::<Vec<_>>();
+    // Two streams in flight at most: 5,000 transactions at once must pile up and leave in
+    // batches of up to 100.
+    let nodes = network_with(2, pair, |s| {
+        s.max_in_flight = 2;
+        s.max_batch = 100;
+    })
+    .await;
+    connected(&nodes, pair).await;
+    let mut raws: Vec<Vec<u8>> = (0..5_000).map(|i| tx(9, i)).collect();
+    // Invalid ones among them are judged one by one: refused, acknowledged, never retried.
+    for i in (0..raws.len()).step_by(50) {
+        raws[i][0] = 0xff;
+    }
+    for raw in &raws {
+        nodes[0].mesh.broadcast(raw.clone()).expect("queued");
+    }
+    converge(&nodes[1..], 4_900, Duration::from_secs(60)).await;
+    drained(&nodes, Duration::from_secs(30)).await;
+    let status = nodes[0].mesh.status().await.expect("status");
+    let c = status.peers[0].counts;
+    assert_eq!((c.acked, c.failed, c.sent), (5_000, 0, 5_000), "{c:?}");
+    assert!(c.streams * 10 <= c.sent, "sends were batched: {c:?}");
+    let b = nodes[1].mesh.status().await.expect("status");
+    assert_eq!((b.inbound.received, b.inbound.requests), (5_000, c.streams));
+    assert_eq!(status.ack_ms.count, 5_000, "{:?}", status.ack_ms);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,5 +295,12 @@ async fn fifty_nodes_everyone_gets_everything() {
     drained(&nodes, Duration::from_secs(60)).await;
     assert_eq!(failures(&nodes).await, (0, 0));
     let duplicates: u64 = nodes.iter().map(|x| x.pool.duplicates()).sum();
-    eprintln!("50 nodes: {count} transactions everywhere; {duplicates} redundant deliveries (judged and dropped)");
+    let mut skipped = 0;
+    for n in &nodes {
+        skipped += n.mesh.status().await.expect("status").peers.iter().map(|p| p.counts.skipped).sum::<u64>();
+    }
+    eprintln!(
+        "50 nodes: {count} transactions everywhere; {duplicates} redundant deliveries (judged and dropped), \
+         {skipped} copies not sent (the peer had sent them to us)"
+    );
 }

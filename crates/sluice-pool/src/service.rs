@@ -298,6 +298,13 @@ impl Mempool {
     }
 
     pub(crate) async fn submit_with(&self, raw: Bytes, origin: Origin, journal: bool) -> Result<B256, SubmitError> {
+        // A transaction already pooled (peers forward each transaction several times) is
+        // answered from the snapshot, before any decoding or sender recovery: its hash is the
+        // keccak of these very bytes, since decoding refuses any other encoding.
+        let hash = alloy_primitives::keccak256(&raw);
+        if self.snapshot.load().by_hash.contains_key(&hash) {
+            return Ok(hash);
+        }
         let _permit = self.inflight.try_acquire().map_err(|_| SubmitError::Busy)?;
         let rules = self.rules.load_full().ok_or_else(|| {
             SubmitError::Unavailable("the chain id is not known yet (the upstream has not answered)".into())
