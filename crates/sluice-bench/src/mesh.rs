@@ -133,7 +133,8 @@ pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
         let (pool, mut fresh) = MemoryPool::new();
         let pool = Arc::new(pool);
         let key = libp2p_key();
-        let mesh = Mesh::start(settings.parse().map_err(anyhow::Error::msg)?, key, pool.clone()).await?;
+        let mesh =
+            Mesh::start(settings.parse().map_err(anyhow::Error::msg)?, key, pool.clone(), Some(pool.clone())).await?;
         let forward = mesh.clone();
         tokio::spawn(async move {
             while let Some(raw) = fresh.recv().await {

@@ -47,6 +47,9 @@ pub struct MeshSettings {
     pub request_timeout: Duration,
     /// Broadcasts waiting for the node's task.
     pub broadcast_queue: usize,
+    /// Transactions of the pool handed to a peer when it connects (0: none; it then gets only
+    /// what is broadcast from then on).
+    pub sync_limit: usize,
 }
 
 impl Default for MeshSettings {
@@ -68,6 +71,7 @@ impl Default for MeshSettings {
             max_backoff: o.max_backoff,
             request_timeout: Duration::from_secs(2),
             broadcast_queue: 100_000,
+            sync_limit: 50_000,
         }
     }
 }
@@ -85,6 +89,8 @@ pub struct MeshConfig {
     pub request_timeout: Duration,
     /// Broadcasts waiting for the node's task.
     pub broadcast_queue: usize,
+    /// Pool transactions handed to a peer when it connects.
+    pub sync_limit: usize,
     /// Delivery rules.
     pub outbox: OutboxConfig,
 }
@@ -132,6 +138,7 @@ impl MeshSettings {
             max_connections: self.max_connections.max(1),
             request_timeout: self.request_timeout,
             broadcast_queue: self.broadcast_queue,
+            sync_limit: self.sync_limit,
             outbox: OutboxConfig {
                 max_in_flight: self.max_in_flight,
                 max_batch: self.max_batch,

@@ -11,6 +11,7 @@
 //! tests and benchmarks of the mesh alone.
 
 pub mod config;
+mod contents;
 pub mod known;
 pub mod memory;
 pub mod node;
@@ -19,5 +20,5 @@ pub mod status;
 
 pub use config::{load_or_generate_key, MeshConfig, MeshSettings};
 pub use libp2p::identity::Keypair;
-pub use node::{BroadcastRefused, Mesh, MeshError, TxBatch, Verdict, MAX_BATCH_IN, PROTOCOL};
+pub use node::{BroadcastRefused, Mesh, MeshError, PoolContents, TxBatch, Verdict, MAX_BATCH_IN, PROTOCOL};
 pub use status::{AckTimes, MeshStatus, PeerStatus};

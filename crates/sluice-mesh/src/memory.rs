@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 /// The stand-in pool.
 #[derive(Debug)]
 pub struct MemoryPool {
-    seen: Mutex<HashMap<B256, Instant>>,
+    seen: Mutex<HashMap<B256, (Instant, Bytes)>>,
     duplicates: std::sync::atomic::AtomicU64,
     new: mpsc::UnboundedSender<Vec<u8>>,
 }
@@ -40,7 +40,7 @@ impl MemoryPool {
 
     /// When `hash` arrived, if it did.
     pub fn arrived(&self, hash: &B256) -> Option<Instant> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(hash).copied()
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(hash).map(|(at, _)| *at)
     }
 
     /// Submissions of a transaction already held.
@@ -61,7 +61,7 @@ impl TxIntake for MemoryPool {
             match seen.entry(hash) {
                 std::collections::hash_map::Entry::Occupied(_) => false,
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(Instant::now());
+                    v.insert((Instant::now(), raw.clone()));
                     true
                 }
             }
@@ -72,5 +72,14 @@ impl TxIntake for MemoryPool {
             self.duplicates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(hash)
+    }
+}
+
+impl crate::PoolContents for MemoryPool {
+    fn transactions(&self) -> Vec<(B256, Bytes)> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<(Instant, B256, Bytes)> = seen.iter().map(|(h, (at, raw))| (*at, *h, raw.clone())).collect();
+        all.sort_by_key(|(at, _, _)| *at);
+        all.into_iter().map(|(_, h, raw)| (h, raw)).collect()
     }
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use alloy_primitives::{keccak256, B256};
+use alloy_primitives::{keccak256, Bytes, B256};
 use futures_util::StreamExt;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
@@ -43,11 +43,19 @@ pub struct TxBatch {
     pub txs: Vec<serde_bytes::ByteBuf>,
 }
 
+/// What a node's pool holds, handed to each peer when it connects (and to every peer when
+/// the node fell behind its pool's feed), so that a node that joins, or was away longer than
+/// the outbox keeps messages, catches up on the whole pool and not only on what comes next.
+pub trait PoolContents: Send + Sync + 'static {
+    /// Every transaction held, as (hash, raw bytes), each sender's in nonce order.
+    fn transactions(&self) -> Vec<(B256, Bytes)>;
+}
+
 /// One transaction waiting for a peer.
 #[derive(Debug)]
 struct Tx {
     hash: B256,
-    raw: Vec<u8>,
+    raw: Bytes,
 }
 
 impl Weight for Tx {
@@ -76,6 +84,7 @@ struct Behaviour {
 
 enum Command {
     Broadcast(Arc<Tx>),
+    Resync,
     Status(oneshot::Sender<MeshStatus>),
     AckTimes(oneshot::Sender<hdrhistogram::Histogram<u64>>),
     Shutdown(oneshot::Sender<()>),
@@ -133,6 +142,8 @@ struct Node {
     ack_times: hdrhistogram::Histogram<u64>,
     inbound: InboundCounts,
     intake: Arc<dyn TxIntake>,
+    contents: Option<Arc<dyn PoolContents>>,
+    sync_limit: usize,
     answers_tx: mpsc::Sender<Answer>,
     origin: Instant,
     failures_logged: u64,
@@ -150,11 +161,13 @@ pub fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
 
 impl Mesh {
     /// Starts a node with `key`, listening on `config.listen`, dialing `config.peers`, taking
-    /// received transactions into `intake`. Returns once it listens.
+    /// received transactions into `intake`, and handing what `contents` holds to each peer that
+    /// connects. Returns once it listens.
     pub async fn start(
         config: MeshConfig,
         key: identity::Keypair,
         intake: Arc<dyn TxIntake>,
+        contents: Option<Arc<dyn PoolContents>>,
     ) -> Result<Mesh, MeshError> {
         let outbox_config = config.outbox();
         // Our sends to a peer are capped below this, and so are a well-behaved peer's to us.
@@ -240,6 +253,8 @@ impl Mesh {
                 .map_err(|e| MeshError::Config(e.to_string()))?,
             inbound: InboundCounts::default(),
             intake,
+            contents,
+            sync_limit: config.sync_limit,
             answers_tx,
             origin: Instant::now(),
             failures_logged: 0,
@@ -261,12 +276,19 @@ impl Mesh {
     /// Sends a transaction to every peer (except the one it came from). Refused at once, and
     /// counted, when the node's command queue is full.
     pub fn broadcast(&self, raw: Vec<u8>) -> Result<(), BroadcastRefused> {
-        let command = Command::Broadcast(Arc::new(Tx { hash: keccak256(&raw), raw }));
+        let command = Command::Broadcast(Arc::new(Tx { hash: keccak256(&raw), raw: raw.into() }));
         self.commands.try_send(command).map_err(|_| {
             self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             metrics::counter!("sluice_mesh_broadcasts_refused_total").increment(1);
             BroadcastRefused
         })
+    }
+
+    /// Hands the whole pool to every connected peer again: for when this node fell behind its
+    /// pool's feed and cannot tell which transactions it missed. Peers answer what they already
+    /// hold at once.
+    pub async fn resync(&self) {
+        let _ = self.commands.send(Command::Resync).await;
     }
 
     /// Peers, queues and counters.
@@ -326,6 +348,12 @@ impl Node {
                 event = self.swarm.select_next_some() => self.on_swarm(event),
                 command = commands.recv() => match command {
                     Some(Command::Broadcast(tx)) => self.broadcast(tx),
+                    Some(Command::Resync) => {
+                        let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+                        for peer in peers {
+                            self.sync(peer);
+                        }
+                    }
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status(&listen)); }
                     Some(Command::AckTimes(reply)) => { let _ = reply.send(self.ack_times.clone()); }
                     Some(Command::Shutdown(done)) => { let _ = done.send(()); return; }
@@ -359,6 +387,30 @@ impl Node {
         }
     }
 
+    /// Queues what the pool holds for `peer` (up to `sync_limit`, and what its queue has room
+    /// for), skipping what it is known to have.
+    fn sync(&mut self, peer: PeerId) {
+        let Some(contents) = self.contents.clone().filter(|_| self.sync_limit > 0) else { return };
+        let room = self.outbox.config().queue_per_peer.saturating_sub(self.outbox.depth(&peer).0 + 1);
+        let txs = contents.transactions();
+        let now = self.now();
+        let mut queued = 0;
+        for (hash, raw) in txs.into_iter().take(self.sync_limit.min(room)) {
+            if self.known.has(&hash, &peer) {
+                continue;
+            }
+            match self.outbox.enqueue(now, &peer, Arc::new(Tx { hash, raw })) {
+                Ok(_) => queued += 1,
+                Err(done) => self.finished(done),
+            }
+        }
+        if queued > 0 {
+            tracing::debug!(%peer, queued, "pool handed to a peer");
+            metrics::counter!("sluice_mesh_synced_total").increment(queued);
+        }
+        self.pump(&peer);
+    }
+
     /// Sends what is ready for `peer`, skipping what it already has.
     fn pump(&mut self, peer: &PeerId) {
         let known = &self.known;
@@ -383,7 +435,7 @@ impl Node {
             match action {
                 Action::Send { peer, send, messages, .. } => {
                     let batch =
-                        TxBatch { txs: messages.iter().map(|m| serde_bytes::ByteBuf::from(m.raw.clone())).collect() };
+                        TxBatch { txs: messages.iter().map(|m| serde_bytes::ByteBuf::from(m.raw.to_vec())).collect() };
                     let request = self.swarm.behaviour_mut().tx.send_request(&peer, batch);
                     self.requests.insert(request, (send, Instant::now()));
                     metrics::counter!("sluice_mesh_sends_total").increment(1);
@@ -416,7 +468,7 @@ impl Node {
 
     fn on_swarm(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
-            SwarmEvent::ConnectionEstablished { peer_id, endpoint, connection_id, .. } => {
+            SwarmEvent::ConnectionEstablished { peer_id, endpoint, connection_id, num_established, .. } => {
                 self.outbox.add_peer(peer_id);
                 self.outbox.set_connected(&peer_id, true);
                 self.peers.entry(peer_id).or_default().connections.push(connection_id);
@@ -428,7 +480,12 @@ impl Node {
                     }
                 }
                 metrics::gauge!("sluice_mesh_peers_connected").set(self.swarm.connected_peers().count() as f64);
-                self.pump(&peer_id);
+                if num_established.get() == 1 {
+                    // A peer new to us, or back after being away: it gets the whole pool.
+                    self.sync(peer_id);
+                } else {
+                    self.pump(&peer_id);
+                }
             }
             SwarmEvent::ConnectionClosed { peer_id, num_established, connection_id, .. } => {
                 if let Some(info) = self.peers.get_mut(&peer_id) {

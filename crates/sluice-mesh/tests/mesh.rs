@@ -34,7 +34,9 @@ fn settings(peers: Vec<Multiaddr>, listen: Option<Multiaddr>) -> MeshSettings {
 async fn node(settings: MeshSettings, key: identity::Keypair) -> TestNode {
     let (pool, mut fresh) = MemoryPool::new();
     let pool = Arc::new(pool);
-    let mesh = Mesh::start(settings.parse().expect("settings"), key.clone(), pool.clone()).await.expect("start");
+    let mesh = Mesh::start(settings.parse().expect("settings"), key.clone(), pool.clone(), Some(pool.clone()))
+        .await
+        .expect("start");
     let forward = mesh.clone();
     tokio::spawn(async move {
         while let Some(raw) = fresh.recv().await {
@@ -255,10 +257,12 @@ async fn a_node_that_restarts_receives_what_it_missed() {
     let listen: Multiaddr = b_addr.iter().filter(|p| !matches!(p, libp2p::multiaddr::Protocol::P2p(_))).collect();
     let b = node(settings(vec![], Some(listen)), b_key).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while b.pool.len() < 100 && Instant::now() < deadline {
+    while b.pool.len() < 101 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(b.pool.len(), 100, "B got what it missed");
+    // What it missed (pending in A's outbox) and what it lost with its pool (A hands its pool
+    // to a peer that connects).
+    assert_eq!(b.pool.len(), 101, "B got what it missed");
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
         let status = a.mesh.status().await.unwrap();
@@ -268,7 +272,23 @@ async fn a_node_that_restarts_receives_what_it_missed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(status.failed(), 0, "{status:?}");
-    assert_eq!(status.peers[0].counts.acked, 101, "{status:?}");
+    assert!(status.peers[0].counts.acked >= 101, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_joins_late_gets_the_whole_pool() {
+    let pair = |i: usize| (0..i).collect::<Vec<_>>();
+    let nodes = network(2, pair).await;
+    connected(&nodes, pair).await;
+    for i in 0..300 {
+        submit(&nodes[(i % 2) as usize], tx(11, i)).await;
+    }
+    converge(&nodes, 300, Duration::from_secs(20)).await;
+    // A node that dials node 1 now gets all 300, though nothing is broadcast any more.
+    let late = node(settings(nodes[1].mesh.addresses(), None), identity::Keypair::generate_ed25519()).await;
+    converge(std::slice::from_ref(&late), 300, Duration::from_secs(20)).await;
+    let status = nodes[1].mesh.status().await.expect("status");
+    assert_eq!(status.failed(), 0, "{status:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -207,7 +207,8 @@ fn start_ingress(settings: &IngressConfig, mempool: Arc<Mempool>) -> anyhow::Res
 async fn start_mesh(settings: &sluice_mesh::MeshSettings, mempool: Arc<Mempool>) -> anyhow::Result<sluice_mesh::Mesh> {
     let key = sluice_mesh::load_or_generate_key(&settings.key).map_err(anyhow::Error::msg)?;
     let config = settings.parse().map_err(anyhow::Error::msg)?;
-    let mesh = sluice_mesh::Mesh::start(config, key, mempool.clone()).await?;
+    let contents: Arc<dyn sluice_mesh::PoolContents> = mempool.clone();
+    let mesh = sluice_mesh::Mesh::start(config, key, mempool.clone(), Some(contents)).await?;
     let addresses: Vec<String> = mesh.addresses().iter().map(|a| a.to_string()).collect();
     // One line on stdout, for people and scripts (other nodes list these addresses as peers).
     println!("sluice mesh peer {} on {}", mesh.peer_id(), addresses.join(" "));
@@ -222,11 +223,11 @@ async fn start_mesh(settings: &sluice_mesh::MeshSettings, mempool: Arc<Mempool>)
                     let _ = forward.broadcast(tx.raw.to_vec());
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    // Which ones is unknown: hand the whole pool to every peer again (they
+                    // answer what they hold at once), so nothing stays unshared.
                     metrics::counter!("sluice_mesh_pending_missed_total").increment(missed);
-                    tracing::warn!(
-                        missed,
-                        "the mesh fell behind the mempool's feed; those transactions were not shared"
-                    );
+                    tracing::warn!(missed, "the mesh fell behind the mempool's feed; handing peers the whole pool");
+                    forward.resync().await;
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             }
