@@ -249,30 +249,70 @@ pub async fn run_mesh(args: MeshArgs) -> anyhow::Result<()> {
         if args.header {
             println!("{TABLE_HEADER}");
         }
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {:.3} | {:.1} |",
-            s.nodes,
-            s.links,
-            s.injected,
-            s.delivered,
-            s.lost,
-            s.redundant,
-            s.failed,
-            s.sent,
-            s.streams,
-            s.skipped,
-            s.first_relay_ms.0,
-            s.first_relay_ms.1,
-            s.everyone_ms.0,
-            s.everyone_ms.1,
-            s.ack_ms.0,
-            s.ack_ms.1,
-            s.cpu_per_node,
-            s.rss_per_node_mib
-        );
+        println!("{}", markdown_row(&args.label(), &s));
     }
     Ok(())
 }
 
-/// The header for [`run_mesh`]'s table row.
-pub const TABLE_HEADER: &str = "| nodes | links | txs | delivered | lost | redundant | failed | sent / streams / skipped | first relay p50 / p99 ms | everyone p50 / p99 ms | ack p50 / p99 ms | CPU s/s per node | MiB per node |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+impl MeshArgs {
+    /// Arguments for `nodes` nodes with the defaults otherwise.
+    pub fn new(nodes: usize, txs: u64, rate: f64) -> Self {
+        let defaults = sluice_mesh::MeshSettings::default();
+        MeshArgs {
+            nodes,
+            degree: 3,
+            txs,
+            rate,
+            max_in_flight: defaults.max_in_flight,
+            max_batch: defaults.max_batch,
+            settle: Duration::from_secs(60),
+            json: false,
+            header: false,
+        }
+    }
+
+    /// The settings that vary between rows, for the table's first column.
+    pub fn label(&self) -> String {
+        let rate = if self.rate >= 1e6 { "at once".to_string() } else { format!("{}/s", self.rate) };
+        format!(
+            "degree {}, {} txs {rate}, {} per stream, {} in flight",
+            self.degree, self.txs, self.max_batch, self.max_in_flight
+        )
+    }
+
+    /// The command that reproduces a row.
+    pub fn command(&self) -> String {
+        format!(
+            "sluice bench mesh --nodes {} --degree {} --txs {} --rate {} --max-batch {} --max-in-flight {}",
+            self.nodes, self.degree, self.txs, self.rate, self.max_batch, self.max_in_flight
+        )
+    }
+}
+
+/// One table row.
+pub fn markdown_row(label: &str, s: &MeshSummary) -> String {
+    format!(
+        "| {label} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {:.3} | {:.1} |",
+        s.nodes,
+        s.links,
+        s.injected,
+        s.delivered,
+        s.lost,
+        s.redundant,
+        s.failed,
+        s.sent,
+        s.streams,
+        s.skipped,
+        s.first_relay_ms.0,
+        s.first_relay_ms.1,
+        s.everyone_ms.0,
+        s.everyone_ms.1,
+        s.ack_ms.0,
+        s.ack_ms.1,
+        s.cpu_per_node,
+        s.rss_per_node_mib
+    )
+}
+
+/// The header for [`markdown_row`].
+pub const TABLE_HEADER: &str = "| settings | nodes | links | txs | delivered | lost | redundant | failed | sent / streams / skipped | first relay p50 / p99 ms | everyone p50 / p99 ms | ack p50 / p99 ms | CPU s/s per node | MiB per node |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";

@@ -50,6 +50,10 @@ pub struct MeshSettings {
     /// Transactions of the pool handed to a peer when it connects (0: none; it then gets only
     /// what is broadcast from then on).
     pub sync_limit: usize,
+    /// Find more peers through Kademlia (protocol `/sluice/kad/1.0.0`), starting from `peers`.
+    pub discovery: bool,
+    /// With discovery, peers found are dialed while fewer than this are connected.
+    pub target_peers: usize,
 }
 
 impl Default for MeshSettings {
@@ -72,6 +76,8 @@ impl Default for MeshSettings {
             request_timeout: Duration::from_secs(2),
             broadcast_queue: 100_000,
             sync_limit: 50_000,
+            discovery: false,
+            target_peers: 8,
         }
     }
 }
@@ -91,6 +97,10 @@ pub struct MeshConfig {
     pub broadcast_queue: usize,
     /// Pool transactions handed to a peer when it connects.
     pub sync_limit: usize,
+    /// Kademlia discovery on.
+    pub discovery: bool,
+    /// With discovery, dial found peers while fewer than this are connected.
+    pub target_peers: usize,
     /// Delivery rules.
     pub outbox: OutboxConfig,
 }
@@ -139,6 +149,8 @@ impl MeshSettings {
             request_timeout: self.request_timeout,
             broadcast_queue: self.broadcast_queue,
             sync_limit: self.sync_limit,
+            discovery: self.discovery,
+            target_peers: self.target_peers,
             outbox: OutboxConfig {
                 max_in_flight: self.max_in_flight,
                 max_batch: self.max_batch,

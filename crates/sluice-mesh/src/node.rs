@@ -13,7 +13,7 @@ use alloy_primitives::{keccak256, Bytes, B256};
 use futures_util::StreamExt;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{identify, identity, Multiaddr, PeerId, StreamProtocol, Swarm};
+use libp2p::{identify, identity, kad, Multiaddr, PeerId, StreamProtocol, Swarm};
 use serde::{Deserialize, Serialize};
 use sluice_pool::{Origin, SubmitError, TxIntake};
 use tokio::sync::{mpsc, oneshot};
@@ -26,6 +26,9 @@ use crate::status::{AckTimes, InboundCounts, MeshStatus, PeerStatus};
 /// The protocol: one stream per send, carrying one transaction or (under a backlog) several,
 /// answered with one verdict each.
 pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sluice/txs/1");
+
+/// The Kademlia protocol of sluice meshes (not the IPFS DHT's, so the two never mix).
+pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/sluice/kad/1.0.0");
 
 /// Transactions in one request a node takes; a longer request is refused whole.
 pub const MAX_BATCH_IN: usize = 1_024;
@@ -80,6 +83,8 @@ struct Behaviour {
     tx: request_response::cbor::Behaviour<TxBatch, Vec<Verdict>>,
     identify: identify::Behaviour,
     limits: libp2p::connection_limits::Behaviour,
+    /// Discovery, when configured.
+    kad: libp2p::swarm::behaviour::toggle::Toggle<kad::Behaviour<kad::store::MemoryStore>>,
 }
 
 enum Command {
@@ -144,6 +149,8 @@ struct Node {
     intake: Arc<dyn TxIntake>,
     contents: Option<Arc<dyn PoolContents>>,
     sync_limit: usize,
+    /// With discovery: peers found are dialed while fewer than this are connected.
+    target_peers: usize,
     answers_tx: mpsc::Sender<Answer>,
     origin: Instant,
     failures_logged: u64,
@@ -176,6 +183,7 @@ impl Mesh {
             .set_request_size_maximum(MAX_REQUEST_BYTES as u64)
             .set_response_size_maximum(MAX_BATCH_IN as u64 * 1024);
         let request_timeout = config.request_timeout;
+        let discovery = config.discovery;
         let limits = libp2p::connection_limits::ConnectionLimits::default()
             .with_max_established(Some(config.max_connections))
             .with_max_established_per_peer(Some(2))
@@ -202,6 +210,20 @@ impl Mesh {
                 ),
                 identify: identify::Behaviour::new(identify::Config::new("/sluice/1".into(), key.public())),
                 limits: libp2p::connection_limits::Behaviour::new(limits),
+                kad: discovery
+                    .then(|| {
+                        let id = key.public().to_peer_id();
+                        let mut kad = kad::Behaviour::with_config(
+                            id,
+                            kad::store::MemoryStore::new(id),
+                            kad::Config::new(KAD_PROTOCOL),
+                        );
+                        // Serve lookups even without a confirmed external address (a node on a
+                        // private network or loopback has none, and would stay a client).
+                        kad.set_mode(Some(kad::Mode::Server));
+                        kad
+                    })
+                    .into(),
             })
             .map_err(|e| MeshError::Config(e.to_string()))?
             .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(3600)))
@@ -237,6 +259,9 @@ impl Mesh {
             outbox.keep_peer(peer);
             peers.entry(peer).or_insert_with(PeerInfo::default).addrs.push(addr.clone());
             swarm.add_peer_address(peer, addr.clone());
+            if let Some(kad) = swarm.behaviour_mut().kad.as_mut() {
+                kad.add_address(&peer, addr.clone());
+            }
         }
         let (commands, commands_rx) = mpsc::channel(config.broadcast_queue.max(1));
         let (answers_tx, answers_rx) = mpsc::channel(4_096);
@@ -255,6 +280,7 @@ impl Mesh {
             intake,
             contents,
             sync_limit: config.sync_limit,
+            target_peers: config.target_peers,
             answers_tx,
             origin: Instant::now(),
             failures_logged: 0,
@@ -342,6 +368,7 @@ impl Node {
         listen: Vec<Multiaddr>,
     ) {
         let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut ticks = 0u64;
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -366,6 +393,11 @@ impl Node {
                 }
                 _ = tick.tick() => {
                     self.poll();
+                    ticks += 1;
+                    if ticks % 40 == 1 {
+                        // Every 2 s.
+                        self.discover();
+                    }
                     if self.published.elapsed() >= Duration::from_millis(500) {
                         self.published = Instant::now();
                         let status = self.status(&listen);
@@ -500,9 +532,16 @@ impl Node {
                 tracing::debug!(%peer, %error, "mesh dial failed");
             }
             SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
-                // Their own listen addresses: what to re-dial after they restart.
+                // Their own listen addresses: what to re-dial after they restart, and, with
+                // discovery, what to tell others who look for them.
+                let serves_kad = info.protocols.contains(&KAD_PROTOCOL);
                 let entry = self.peers.entry(peer_id).or_default();
                 for addr in info.listen_addrs {
+                    if serves_kad {
+                        if let Some(kad) = self.swarm.behaviour_mut().kad.as_mut() {
+                            kad.add_address(&peer_id, addr.clone());
+                        }
+                    }
                     if !entry.addrs.contains(&addr) {
                         self.swarm.add_peer_address(peer_id, addr.clone());
                         entry.addrs.push(addr);
@@ -510,7 +549,50 @@ impl Node {
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Tx(event)) => self.on_tx(event),
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(event)) => self.on_kad(event),
             _ => {}
+        }
+    }
+
+    /// Discovery: peers found by lookups are remembered and, while fewer than `target_peers` are
+    /// connected, dialed; once connected they are peers like any other.
+    fn on_kad(&mut self, event: kad::Event) {
+        let found: Vec<(PeerId, Vec<Multiaddr>)> = match event {
+            kad::Event::RoutingUpdated { peer, addresses, .. } => vec![(peer, addresses.into_vec())],
+            kad::Event::OutboundQueryProgressed { result: kad::QueryResult::GetClosestPeers(Ok(ok)), .. } => {
+                ok.peers.into_iter().map(|p| (p.peer_id, p.addrs)).collect()
+            }
+            _ => return,
+        };
+        let me = *self.swarm.local_peer_id();
+        for (peer, addrs) in found {
+            if peer == me {
+                continue;
+            }
+            let info = self.peers.entry(peer).or_default();
+            for addr in addrs {
+                if !info.addrs.contains(&addr) {
+                    info.addrs.push(addr);
+                }
+            }
+            if self.swarm.connected_peers().count() < self.target_peers && !self.swarm.is_connected(&peer) {
+                self.outbox.add_peer(peer);
+                let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer).addresses(info.addrs.clone()).build();
+                if let Err(e) = self.swarm.dial(opts) {
+                    tracing::debug!(%peer, error = %e, "mesh discovery dial not started");
+                }
+            }
+        }
+    }
+
+    /// With discovery and fewer than `target_peers` connected: look for more (a random key's
+    /// closest peers).
+    fn discover(&mut self) {
+        if self.swarm.connected_peers().count() >= self.target_peers {
+            return;
+        }
+        if let Some(kad) = self.swarm.behaviour_mut().kad.as_mut() {
+            kad.get_closest_peers(PeerId::random());
         }
     }
 

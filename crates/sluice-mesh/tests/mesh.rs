@@ -324,3 +324,26 @@ async fn fifty_nodes_everyone_gets_everything() {
          {skipped} copies not sent (the peer had sent them to us)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_discovery_nodes_find_each_other_through_one_bootstrap_node() {
+    // Node 0 is the only address the others know; with Kademlia each finds the other two.
+    let star = |i: usize| if i == 0 { vec![] } else { vec![0] };
+    let nodes = network_with(4, star, |s| s.discovery = true).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (i, n) in nodes.iter().enumerate().skip(1) {
+        loop {
+            let status = n.mesh.status().await.expect("status");
+            let up = status.peers.iter().filter(|p| p.connected).count();
+            if up >= 3 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {i} connected to {up} of 3: {status:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The bootstrap node goes away; what node 1 takes still reaches nodes 2 and 3.
+    nodes[0].mesh.shutdown().await;
+    submit(&nodes[1], tx(12, 1)).await;
+    converge(&nodes[1..], 1, Duration::from_secs(20)).await;
+}

@@ -41,6 +41,9 @@ pub struct ReportArgs {
     /// RTT scaling; `0s` skips the sweep.
     #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
     pub quic: Duration,
+    /// Node counts for the peer mesh rows (200 transactions at 20/s each); `0` skips the mesh.
+    #[arg(long, value_delimiter = ',', default_value = "50,200")]
+    pub mesh_nodes: Vec<usize>,
     /// Path to anvil (default: the project's .tools folder, then PATH).
     #[arg(long)]
     pub anvil: Option<PathBuf>,
@@ -234,7 +237,62 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
         Some((sluice_bench::quic::rtt_table(&sluice_bench::quic::rtt_sweep(&sweep).await?), sweep))
     };
 
-    write(&args, &sections, ramp_row, &mix_text, quic).await
+    let mesh = if args.mesh_nodes.contains(&0) { None } else { Some(mesh_section(&args.mesh_nodes).await?) };
+
+    write(&args, &sections, ramp_row, &mix_text, quic, mesh).await
+}
+
+/// Scenario g: the peer mesh at the sizes asked for, then batching on and off side by side.
+async fn mesh_section(sizes: &[usize]) -> anyhow::Result<String> {
+    use sluice_bench::mesh::{markdown_row, run_mesh_bench, MeshArgs, TABLE_HEADER};
+    let unbatched = |mut a: MeshArgs| {
+        a.max_batch = 1;
+        a.max_in_flight = 256;
+        a
+    };
+    let loaded = || MeshArgs::new(50, 1_000, 100.0);
+    let burst = || MeshArgs { degree: 2, ..MeshArgs::new(3, 30_000, 1e9) };
+    let mut runs: Vec<MeshArgs> = sizes.iter().map(|n| MeshArgs::new(*n, 200, 20.0)).collect();
+    runs.extend([loaded(), unbatched(loaded()), burst(), unbatched(burst())]);
+    let mut md = String::from(
+        "## g. Peer mesh
+
+All nodes in this process, QUIC on loopback, each behind the memory pool (a stand-in that \
+         takes each transaction once and forwards it, as the mempool's pending feed does), so this measures the \
+         mesh on two shared cores. Transactions are injected at random nodes. \"per stream\" is `max_batch` (1: one \
+         transaction per stream always, the first design) and \"in flight\" is `max_in_flight`, streams per peer. \
+         The last four rows are two pairs, batching on and off side by side: 50 nodes under load, and 3 nodes with \
+         30,000 transactions at once (3 × 10k). Details in [mesh.md](mesh.md).\n\n",
+    );
+    md.push_str(TABLE_HEADER);
+    md.push('\n');
+    let mut summaries = Vec::new();
+    for run in &runs {
+        eprintln!("scenario g: {}", run.command());
+        let summary = run_mesh_bench(run).await?;
+        md.push_str(&markdown_row(&run.label(), &summary));
+        md.push('\n');
+        summaries.push(summary);
+    }
+    md.push_str("\nCommands, one per row:\n\n");
+    for run in &runs {
+        md.push_str(&format!("* `{}`\n", run.command()));
+    }
+    let pair = |on: &sluice_bench::mesh::MeshSummary, off: &sluice_bench::mesh::MeshSummary| {
+        format!(
+            "time to everyone p50 {:.1}× shorter, ack p99 {:.1}× shorter, {:.1}× fewer streams",
+            off.everyone_ms.0 / on.everyone_ms.0.max(1e-9),
+            off.ack_ms.1 / on.ack_ms.1.max(1e-9),
+            off.streams as f64 / on.streams.max(1) as f64
+        )
+    };
+    let k = sizes.len();
+    md.push_str(&format!(
+        "\nBatching on vs off: 50 nodes, {}; 3 × 10k, {}.\n\n",
+        pair(&summaries[k], &summaries[k + 1]),
+        pair(&summaries[k + 2], &summaries[k + 3])
+    ));
+    Ok(md)
 }
 
 async fn write(
@@ -243,6 +301,7 @@ async fn write(
     ramp: Row,
     mix_text: &str,
     quic: Option<(String, sluice_bench::quic::RttArgs)>,
+    mesh: Option<String>,
 ) -> anyhow::Result<()> {
     let plots = args.out.join("bench");
     std::fs::create_dir_all(&plots)?;
@@ -299,6 +358,9 @@ async fn write(
             sweep.duration.as_secs_f64(),
             sweep.warmup.as_secs_f64()
         ));
+    }
+    if let Some(mesh) = mesh {
+        md.push_str(&mesh);
     }
     md.push_str("## Latency overview\n\n![latency](bench/latency.svg)\n\n");
     md.push_str(
