@@ -77,7 +77,8 @@ pub struct MeshSummary {
     pub ack_ms: (f64, f64),
     /// Process CPU seconds per node per second of run.
     pub cpu_per_node: f64,
-    /// Resident memory per node, MiB (process RSS / nodes).
+    /// Resident memory per node, MiB: how much the process's RSS grew from before the nodes
+    /// started to the end, divided by the nodes (so earlier runs in the process do not count).
     pub rss_per_node_mib: f64,
     /// Seconds from first injection to the end.
     pub seconds: f64,
@@ -110,6 +111,7 @@ fn rss_mib() -> f64 {
 /// Runs one mesh benchmark.
 pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
     anyhow::ensure!(args.nodes >= 2 && args.txs > 0 && args.rate > 0.0, "need 2+ nodes, txs and a rate");
+    let rss_before = rss_mib();
     let mut meshes: Vec<Mesh> = Vec::new();
     let mut pools: Vec<Arc<MemoryPool>> = Vec::new();
     let mut links = 0;
@@ -227,7 +229,7 @@ pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
         everyone_ms: (quantile(&everyone, 0.5), quantile(&everyone, 0.99)),
         ack_ms: (ms(0.5), ms(0.99)),
         cpu_per_node: cpu / seconds / args.nodes as f64,
-        rss_per_node_mib: rss_mib() / args.nodes as f64,
+        rss_per_node_mib: (rss_mib() - rss_before).max(0.0) / args.nodes as f64,
         seconds,
     };
     for m in &meshes {
