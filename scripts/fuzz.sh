@@ -25,6 +25,7 @@ for target in $targets; do
   log=$(mktemp)
   if ! "target/$triple/release/$target" "corpus/$target" "seeds/$target" -max_total_time="$seconds" \
       -artifact_prefix="artifacts/$target/" -print_final_stats=1 >"$log" 2>&1; then
+    grep -m1 -A1 'panicked at' "$log" || true  # the message; the backtrace below can be long
     tail -40 "$log"
     echo "== $target: FAILED (the input is in fuzz/artifacts/$target/)"
     exit 1

@@ -29,7 +29,8 @@ pub enum ClientError {
     /// The connection or stream failed.
     #[error("ingress stream failed: {0}")]
     Stream(String),
-    /// The server stopped the stream with this code (see [`crate::server::codes`]).
+    /// The server stopped the stream (or, on a bidirectional stream, reset its answer) with this
+    /// code (see [`crate::server::codes`]).
     #[error("the ingress stopped the stream with code {0:#x}")]
     Stopped(u64),
     /// The pool refused the transaction (bidirectional streams only).
@@ -129,8 +130,23 @@ impl Client {
                 e => Err(stream(&e)),
             };
         }
-        send.finish().map_err(|e| stream(&e))?;
-        let body = recv.read_to_end(64 * 1024).await.map_err(|e| stream(&e))?;
+        // The server may stop the stream after every byte is buffered here (a transaction just
+        // over the size cap fits in the send buffer): finishing then fails, or the answer comes
+        // back empty. Either way the stop code is the server's answer.
+        if send.finish().is_err() {
+            return Err(stopped_or(&mut send, "the stream closed before it was finished").await);
+        }
+        let body = match recv.read_to_end(64 * 1024).await {
+            Ok(body) => body,
+            // A refused stream's answer is reset with the same code the stream was stopped with.
+            Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(code))) => {
+                return Err(ClientError::Stopped(code.into_inner()));
+            }
+            Err(e) => return Err(stream(&e)),
+        };
+        if body.is_empty() {
+            return Err(stopped_or(&mut send, "the ingress closed the stream without an answer").await);
+        }
         let answer: Answer = serde_json::from_slice(&body).map_err(|e| stream(&e))?;
         match (answer.hash, answer.error) {
             (Some(hash), _) => Ok(hash),
@@ -154,5 +170,14 @@ impl Client {
     pub async fn close(self) {
         self.conn.close(VarInt::from_u32(0), b"done");
         self.endpoint.wait_idle().await;
+    }
+}
+
+/// The server's stop code for `send`, or a stream error saying `otherwise`.
+async fn stopped_or(send: &mut quinn::SendStream, otherwise: &str) -> ClientError {
+    match send.stopped().await {
+        Ok(Some(code)) => ClientError::Stopped(code.into_inner()),
+        Ok(None) => ClientError::Stream(otherwise.to_string()),
+        Err(e) => ClientError::Stream(format!("{otherwise}: {e}")),
     }
 }

@@ -293,12 +293,12 @@ async fn serve_stream(
     let max = shared.config.max_tx_bytes as usize;
     match tokio::time::timeout(shared.config.stream_timeout, recv.read_to_end(max)).await {
         Err(_) => {
-            let _ = recv.stop(VarInt::from_u32(codes::TIMED_OUT));
+            refuse(&mut recv, reply, codes::TIMED_OUT);
             stats.timed_out.fetch_add(1, Relaxed);
             m.abuse[3].increment(1);
         }
         Ok(Err(quinn::ReadToEndError::TooLong)) => {
-            let _ = recv.stop(VarInt::from_u32(codes::TOO_LARGE));
+            refuse(&mut recv, reply, codes::TOO_LARGE);
             stats.oversized.fetch_add(1, Relaxed);
             m.abuse[0].increment(1);
         }
@@ -338,6 +338,15 @@ async fn serve_stream(
                 answer(send, &body).await;
             }
         }
+    }
+}
+
+/// Stops reading with `code` and, on a bidirectional stream, resets the answer with the same code:
+/// the stop alone is lost when every byte was already acknowledged (a stream just over the cap).
+fn refuse(recv: &mut RecvStream, reply: Option<SendStream>, code: u32) {
+    let _ = recv.stop(VarInt::from_u32(code));
+    if let Some(mut send) = reply {
+        let _ = send.reset(VarInt::from_u32(code));
     }
 }
 
