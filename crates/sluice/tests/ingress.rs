@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
 use alloy_primitives::Address;
-use common::{wait_receipt, BIN, DEV_KEY};
+use common::{fund, wait_receipt, BIN, DEV_KEY};
 use serde_json::json;
 use sluice_bench::txgen::{Fees, Wallet};
 use sluice_ingress::{Client, ClientError, ClientOptions, Identity, KeyPair};
@@ -124,13 +124,7 @@ async fn sluice_keygen_and_sluice_send_work_from_the_command_line() {
 
     let wallet = Wallet::numbered(7, CHAIN);
     let http = reqwest::Client::new();
-    rpc_result(
-        &http,
-        &anvil.http_url(),
-        "anvil_setBalance",
-        json!([format!("{:#x}", wallet.address()), "0x56BC75E2D63100000"]),
-    )
-    .await;
+    fund(&http, &anvil, wallet.address(), "0x56BC75E2D63100000").await;
     let txs: Vec<_> = (0..3).map(|n| wallet.transfer(n, to(), 1, Fees::default())).collect();
     let input: String = txs.iter().map(|t| t.hex() + "\n").collect();
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use alloy_primitives::Address;
 use common::ws::{next, subscribe};
-use common::{wait_receipt, BIN, DEV_KEY};
+use common::{fund, wait_receipt, BIN, DEV_KEY};
 use serde_json::{json, Value};
 use sluice_bench::txgen::{Fees, SignedTx, Wallet};
 use sluice_testkit::{foundry_tool, rpc, rpc_result, Anvil, Sluice};
@@ -229,13 +229,7 @@ async fn kill_9_during_ingest_loses_no_acknowledged_transaction() {
     // 8 senders × 40 nonces, sent by 8 concurrent streams; killed while they run.
     let wallets: Vec<Wallet> = (0..8).map(|i| Wallet::numbered(1000 + i, CHAIN)).collect();
     for w in &wallets {
-        rpc_result(
-            &client,
-            &anvil.http_url(),
-            "anvil_setBalance",
-            json!([format!("{}", w.address()), "0xffffffffffffffffffff"]),
-        )
-        .await;
+        fund(&client, &anvil, w.address(), "0xffffffffffffffffffff").await;
     }
     let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let mut streams = Vec::new();

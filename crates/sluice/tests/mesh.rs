@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use alloy_primitives::Address;
-use common::BIN;
+use common::{fund, BIN};
 use serde_json::{json, Value};
 use sluice_bench::txgen::{Fees, Wallet};
 use sluice_testkit::{rpc, rpc_result, Anvil, Sluice};
@@ -80,13 +80,7 @@ async fn a_transaction_sent_to_one_node_reaches_every_pool_and_a_restarted_node_
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let wallet = Wallet::numbered(11, CHAIN);
-    rpc_result(
-        &http,
-        &anvil.http_url(),
-        "anvil_setBalance",
-        json!([format!("{:#x}", wallet.address()), "0x56BC75E2D63100000"]),
-    )
-    .await;
+    fund(&http, &anvil, wallet.address(), "0x56BC75E2D63100000").await;
     let first = wallet.transfer(0, to(), 1, Fees::default());
     let hash = format!("{:#x}", first.hash);
     let sent = rpc(&http, &a.sluice.http_url(), "eth_sendRawTransaction", json!([first.hex()])).await;

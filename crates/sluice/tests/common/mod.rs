@@ -152,3 +152,8 @@ pub mod ws {
         answer["result"].as_str().unwrap_or_else(|| panic!("subscribed: {answer}")).to_owned()
     }
 }
+
+/// Gives `address` a balance of `wei` (hex quantity) on anvil, with `anvil_setBalance`.
+pub async fn fund(client: &reqwest::Client, anvil: &Anvil, address: impl std::fmt::Display, wei: &str) {
+    rpc_result(client, &anvil.http_url(), "anvil_setBalance", json!([address.to_string(), wei])).await;
+}
