@@ -6,6 +6,7 @@ use std::time::Duration;
 use libp2p::{identity, Multiaddr};
 use serde::{Deserialize, Serialize};
 
+use crate::conduct::ConductConfig;
 use crate::outbox::OutboxConfig;
 
 /// The mesh settings as written in the configuration file.
@@ -54,11 +55,22 @@ pub struct MeshSettings {
     pub discovery: bool,
     /// With discovery, peers found are dialed while fewer than this are connected.
     pub target_peers: usize,
+    /// Malformed transactions from one peer (undecodable, bad signature, wrong chain: what no
+    /// honest node forwards), decaying with `malformed_half_life`, past which it is banned
+    /// (0: never).
+    pub ban_after_malformed: u32,
+    /// The malformed count halves every this long.
+    #[serde(with = "humantime_serde")]
+    pub malformed_half_life: Duration,
+    /// How long a ban lasts: the peer's connections are closed and refused.
+    #[serde(with = "humantime_serde")]
+    pub ban_for: Duration,
 }
 
 impl Default for MeshSettings {
     fn default() -> Self {
         let o = OutboxConfig::default();
+        let c = ConductConfig::default();
         MeshSettings {
             listen: vec!["/ip4/127.0.0.1/udp/0/quic-v1".into(), "/ip4/127.0.0.1/tcp/0".into()],
             key: PathBuf::from(".sluice/mesh.key"),
@@ -78,6 +90,9 @@ impl Default for MeshSettings {
             sync_limit: 50_000,
             discovery: false,
             target_peers: 8,
+            ban_after_malformed: c.limit,
+            malformed_half_life: c.half_life,
+            ban_for: c.ban_for,
         }
     }
 }
@@ -103,6 +118,8 @@ pub struct MeshConfig {
     pub target_peers: usize,
     /// Delivery rules.
     pub outbox: OutboxConfig,
+    /// When a peer is banned.
+    pub conduct: ConductConfig,
 }
 
 impl MeshConfig {
@@ -139,8 +156,8 @@ impl MeshSettings {
                 crate::node::MAX_REQUEST_BYTES / 2
             ));
         }
-        if self.deadline.is_zero() || self.request_timeout.is_zero() {
-            return Err("mesh: deadline and request_timeout must be more than zero".into());
+        if self.deadline.is_zero() || self.request_timeout.is_zero() || self.malformed_half_life.is_zero() {
+            return Err("mesh: deadline, request_timeout and malformed_half_life must be more than zero".into());
         }
         Ok(MeshConfig {
             listen,
@@ -161,6 +178,11 @@ impl MeshSettings {
                 base_backoff: self.base_backoff,
                 max_backoff: self.max_backoff,
                 max_attempts: self.max_attempts,
+            },
+            conduct: ConductConfig {
+                limit: self.ban_after_malformed,
+                half_life: self.malformed_half_life,
+                ban_for: self.ban_for,
             },
         })
     }

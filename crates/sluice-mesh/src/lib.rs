@@ -5,11 +5,13 @@
 //! after the same validation as a local submission, is its acknowledgement. Delivery
 //! rules are the pure [`outbox`]: per-peer bounded queues, a cap on streams in flight below the
 //! peer's stream limit, retries with exponential backoff and jitter, re-dials, and a deadline,
-//! after which a message has failed, counted and logged. Nothing ends silently.
+//! after which a message has failed, counted and logged. Nothing ends silently. A peer that
+//! sends transactions no honest node would forward is banned for a while ([`conduct`]).
 //!
 //! [`node`] is the async shell (one swarm task); [`memory::MemoryPool`] is a stand-in pool for
 //! tests and benchmarks of the mesh alone.
 
+pub mod conduct;
 pub mod config;
 mod contents;
 pub mod known;

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use sluice_pool::{Origin, SubmitError, TxIntake};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::conduct::Conduct;
 use crate::config::MeshConfig;
 use crate::known::Known;
 use crate::outbox::{Action, Done, Outbox, Outcome, Weight};
@@ -83,6 +84,8 @@ struct Behaviour {
     tx: request_response::cbor::Behaviour<TxBatch, Vec<Verdict>>,
     identify: identify::Behaviour,
     limits: libp2p::connection_limits::Behaviour,
+    /// Banned peers: their connections are closed and refused.
+    blocked: libp2p::allow_block_list::Behaviour<libp2p::allow_block_list::BlockedPeers>,
     /// Discovery, when configured.
     kad: libp2p::swarm::behaviour::toggle::Toggle<kad::Behaviour<kad::store::MemoryStore>>,
 }
@@ -151,6 +154,8 @@ struct Node {
     sync_limit: usize,
     /// With discovery: peers found are dialed while fewer than this are connected.
     target_peers: usize,
+    /// Who sent what no honest node forwards; who is banned.
+    conduct: Conduct<PeerId>,
     answers_tx: mpsc::Sender<Answer>,
     origin: Instant,
     failures_logged: u64,
@@ -210,6 +215,7 @@ impl Mesh {
                 ),
                 identify: identify::Behaviour::new(identify::Config::new("/sluice/1".into(), key.public())),
                 limits: libp2p::connection_limits::Behaviour::new(limits),
+                blocked: Default::default(),
                 kad: discovery
                     .then(|| {
                         let id = key.public().to_peer_id();
@@ -281,6 +287,7 @@ impl Mesh {
             contents,
             sync_limit: config.sync_limit,
             target_peers: config.target_peers,
+            conduct: Conduct::new(config.conduct),
             answers_tx,
             origin: Instant::now(),
             failures_logged: 0,
@@ -354,7 +361,13 @@ impl Mesh {
 #[error("mesh busy: broadcast queue full")]
 pub struct BroadcastRefused;
 
-type Answer = (ResponseChannel<Vec<Verdict>>, Vec<Verdict>);
+/// Verdicts on a peer's request, and how many of its transactions were malformed.
+struct Answer {
+    peer: PeerId,
+    channel: ResponseChannel<Vec<Verdict>>,
+    verdicts: Vec<Verdict>,
+    malformed: u64,
+}
 
 impl Node {
     fn now(&self) -> u64 {
@@ -386,10 +399,11 @@ impl Node {
                     Some(Command::Shutdown(done)) => { let _ = done.send(()); return; }
                     None => return,
                 },
-                Some((channel, verdict)) = answers.recv() => {
+                Some(answer) = answers.recv() => {
                     // A failure to answer (the peer went away) surfaces on its side as a
                     // failed request, which it retries.
-                    let _ = self.swarm.behaviour_mut().tx.send_response(channel, verdict);
+                    let _ = self.swarm.behaviour_mut().tx.send_response(answer.channel, answer.verdicts);
+                    self.judge(answer.peer, answer.malformed);
                 }
                 _ = tick.tick() => {
                     self.poll();
@@ -397,6 +411,7 @@ impl Node {
                     if ticks % 40 == 1 {
                         // Every 2 s.
                         self.discover();
+                        self.end_bans();
                     }
                     if self.published.elapsed() >= Duration::from_millis(500) {
                         self.published = Instant::now();
@@ -607,6 +622,7 @@ impl Node {
                     let why = format!("{} transactions in one request; at most {MAX_BATCH_IN}", txs.len());
                     let _ =
                         self.swarm.behaviour_mut().tx.send_response(channel, vec![Verdict::Invalid(why); txs.len()]);
+                    self.judge(peer, txs.len() as u64);
                     return;
                 }
                 // Before the pool sees them: its pending feed may ask us to broadcast them at
@@ -618,20 +634,26 @@ impl Node {
                 let answers = self.answers_tx.clone();
                 tokio::spawn(async move {
                     // All at once, in order: the pool takes a sender's nonces as they come.
+                    let mut malformed = 0;
                     let verdicts = futures_util::future::join_all(txs.into_iter().map(|raw| {
                         let intake = intake.clone();
-                        async move {
-                            match intake.submit(raw.into_vec().into(), Origin::Peer).await {
-                                Ok(_) => Verdict::Accepted,
-                                Err(e @ (SubmitError::Busy | SubmitError::Unavailable(_))) => {
-                                    Verdict::Unavailable(e.to_string())
-                                }
-                                Err(e) => Verdict::Invalid(e.to_string()),
-                            }
-                        }
+                        async move { intake.submit(raw.into_vec().into(), Origin::Peer).await }
                     }))
-                    .await;
-                    let _ = answers.send((channel, verdicts)).await;
+                    .await
+                    .into_iter()
+                    .map(|result| match result {
+                        Ok(_) => Verdict::Accepted,
+                        Err(e @ (SubmitError::Busy | SubmitError::Unavailable(_))) => {
+                            Verdict::Unavailable(e.to_string())
+                        }
+                        Err(e) => {
+                            // Failing the stateless rules: the sender did not check it.
+                            malformed += matches!(e, SubmitError::Invalid(_)) as u64;
+                            Verdict::Invalid(e.to_string())
+                        }
+                    })
+                    .collect();
+                    let _ = answers.send(Answer { peer, channel, verdicts, malformed }).await;
                 });
             }
             Event::Message { peer, message: Message::Response { request_id, response }, .. } => {
@@ -686,6 +708,32 @@ impl Node {
         }
     }
 
+    /// Counts `malformed` transactions against `peer`, and bans it when that is too many.
+    fn judge(&mut self, peer: PeerId, malformed: u64) {
+        if malformed == 0 {
+            return;
+        }
+        self.inbound.malformed += malformed;
+        metrics::counter!("sluice_mesh_malformed_total").increment(malformed);
+        if self.conduct.malformed(self.now(), &peer, malformed) {
+            self.inbound.bans += 1;
+            metrics::counter!("sluice_mesh_bans_total").increment(1);
+            let ban_for = self.conduct.config().ban_for;
+            tracing::warn!(%peer, ?ban_for, "mesh peer banned: it sent transactions no honest node forwards");
+            // Closes its connections and refuses new ones, both ways. What we had queued for it
+            // fails in the outbox as for any unreachable peer (counted).
+            self.swarm.behaviour_mut().blocked.block_peer(peer);
+        }
+    }
+
+    /// Lets back the peers whose ban is over.
+    fn end_bans(&mut self) {
+        for peer in self.conduct.expire(self.now()) {
+            tracing::info!(%peer, "mesh peer ban over");
+            self.swarm.behaviour_mut().blocked.unblock_peer(peer);
+        }
+    }
+
     fn status(&self, listen: &[Multiaddr]) -> MeshStatus {
         let mut peers: Vec<PeerStatus> = self
             .outbox
@@ -701,6 +749,10 @@ impl Node {
                     queued,
                     in_flight,
                     counts: self.outbox.counts(peer),
+                    banned_for_s: self
+                        .conduct
+                        .banned_until(peer)
+                        .map(|until| until.saturating_sub(self.now()) as f64 / 1e9),
                 }
             })
             .collect();

@@ -13,6 +13,11 @@ pub struct InboundCounts {
     pub requests: u64,
     /// Inbound streams that failed (timeout, reset, closed before the answer).
     pub failed: u64,
+    /// Transactions no honest node forwards (undecodable, bad signature, wrong chain), which
+    /// count towards a ban.
+    pub malformed: u64,
+    /// Peers banned, since start.
+    pub bans: u64,
 }
 
 /// One peer.
@@ -32,6 +37,8 @@ pub struct PeerStatus {
     pub in_flight: usize,
     /// Enqueued, sent, acked, failed, retried.
     pub counts: PeerCounts,
+    /// Seconds left of its ban, if it is banned (its connections are refused meanwhile).
+    pub banned_for_s: Option<f64>,
 }
 
 /// Send-to-verdict times, ms.

@@ -164,6 +164,55 @@ async fn a_transaction_reaches_every_node_and_an_invalid_one_goes_no_further() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_sends_malformed_transactions_is_banned_then_let_back() {
+    // 1 is hostile and 2 honest, both dialing 0, which bans after 50 malformed for 3 s.
+    let star = |i: usize| if i == 0 { vec![] } else { vec![0] };
+    let nodes = network_with(3, star, |s| {
+        s.ban_after_malformed = 50;
+        s.ban_for = Duration::from_secs(3);
+    })
+    .await;
+    connected(&nodes, star).await;
+    let hostile = nodes[1].mesh.peer_id().to_string();
+    // Sent as a hostile node would: straight to the mesh, never through its own pool's checks.
+    for i in 0..60u64 {
+        nodes[1].mesh.broadcast(vec![0xff, i as u8]).expect("queued");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let banned = loop {
+        let status = nodes[0].mesh.status().await.expect("status");
+        if status.inbound.bans == 1 {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "not banned: {status:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(banned.inbound.malformed > 50, "{banned:?}");
+    let peer = banned.peers.iter().find(|p| p.peer == hostile).expect("the banned peer is listed");
+    let left = peer.banned_for_s.expect("banned");
+    assert!(left > 0.0 && left <= 3.0, "{peer:?}");
+    let ban_ends = Instant::now() + Duration::from_secs_f64(left);
+    // While banned, its connections are refused, and the honest peer is served as before.
+    submit(&nodes[1], tx(7, 1)).await;
+    submit(&nodes[2], tx(7, 2)).await;
+    let from_hostile = |node: &TestNode| node.pool.arrived(&keccak256(tx(7, 1)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while from_hostile(&nodes[0]).is_none() || nodes[0].pool.arrived(&keccak256(tx(7, 2))).is_none() {
+        assert!(Instant::now() < deadline, "not let back: {:?}", nodes[0].mesh.status().await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Nothing from it got in before the ban was over (the status was read after the ban began,
+    // so `ban_ends` is, if anything, late); once over, it dialed back in and handed its pool over.
+    let arrived = from_hostile(&nodes[0]).expect("arrived");
+    assert!(arrived + Duration::from_millis(100) >= ban_ends, "arrived {:?} before the ban ended", ban_ends - arrived);
+    assert!(nodes[0].pool.arrived(&keccak256(tx(7, 2))).expect("arrived") < ban_ends, "the honest peer was served");
+    let after = nodes[0].mesh.status().await.expect("status");
+    let peer = after.peers.iter().find(|p| p.peer == hostile).expect("listed");
+    assert!(peer.connected && peer.banned_for_s.is_none(), "{peer:?}");
+    assert_eq!(after.inbound.bans, 1, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_ten_thousand_each_nothing_lost_nothing_twice() {
     let _turn = HEAVY.lock().await;
     let full = |i: usize| (0..i).collect::<Vec<_>>();
