@@ -2,13 +2,15 @@
 //!
 //! Per call: plan → local answer, or memory → (coalesced: redis → upstream → store) → answer.
 //! Calls that are not cacheable go straight to the inner upstreams, a batch's as one batch.
+//! A miss goes down as the same [`Call`], its block pinned and its need narrowed to that
+//! block, so that the pool routes it to a member that has the block.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use sluice_chain::{ChainEvent, ChainView};
-use sluice_jsonrpc::{Outcome, RawValue, Request};
-use sluice_upstream::{Answer, HeadFeed, Source, UpstreamError, Upstreams};
+use sluice_jsonrpc::{Outcome, RawValue};
+use sluice_upstream::{Answer, Call, HeadFeed, Source, UpstreamError, Upstreams};
 use tokio::sync::watch;
 
 use crate::coalesce::Coalescer;
@@ -73,13 +75,13 @@ impl CacheLayer {
         Self { shared, coalescer: coalesce.then(Coalescer::default) }
     }
 
-    async fn cached(&self, req: &Request, plan: Cacheable) -> Result<Answer, UpstreamError> {
+    async fn cached(&self, call: &Call, plan: Cacheable) -> Result<Answer, UpstreamError> {
         if let Some(entry) = self.shared.memory.get(&plan.key) {
             metrics::counter!("sluice_cache_hits_total", "tier" => "memory").increment(1);
             metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
             return Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory });
         }
-        let (shared, request, key) = (self.shared.clone(), req.clone(), plan.key.clone());
+        let (shared, request, key) = (self.shared.clone(), call.clone(), plan.key.clone());
         let (fetched, leader) = match &self.coalescer {
             Some(coalescer) => coalescer.run(key, move || fetch(shared, request, plan)).await,
             None => (Some(fetch(shared, request, plan).await), true),
@@ -99,7 +101,7 @@ impl CacheLayer {
 }
 
 /// A miss: Redis, then the upstream; stores what may be stored.
-async fn fetch(shared: Arc<Shared>, req: Request, plan: Cacheable) -> Result<Fetched, UpstreamError> {
+async fn fetch(shared: Arc<Shared>, call: Call, plan: Cacheable) -> Result<Fetched, UpstreamError> {
     let chain_id = shared.view.borrow().chain_id;
     if let (Some(redis), Some(chain_id)) = (&shared.redis, chain_id) {
         if let Some((result, max_block)) = redis.get(chain_id, &plan.key).await {
@@ -113,9 +115,9 @@ async fn fetch(shared: Arc<Shared>, req: Request, plan: Cacheable) -> Result<Fet
     let forwarded = match &plan.forward {
         Some(params) => {
             let params = RawValue::from_string(params.clone()).map_err(|_| UpstreamError::InvalidResponse("params"))?;
-            Request::new(req.id.clone(), req.method.clone(), Some(params))
+            call.with_params(params, plan.needs.clone().unwrap_or_else(|| call.ctx.needs.clone()))
         }
-        None => req,
+        None => call,
     };
     let answer = shared.inner.call(&forwarded).await?;
     if let Outcome::Result(result) = &answer.outcome {
@@ -137,27 +139,23 @@ fn local(value: serde_json::Value) -> Answer {
 
 #[async_trait]
 impl Upstreams for CacheLayer {
-    fn status(&self) -> serde_json::Value {
-        self.shared.inner.status()
-    }
-
-    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
+    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
         let view = self.shared.view.borrow().clone();
-        match plan(&req.method, req.params_text(), &view) {
+        match plan(call.method(), call.req.params_text(), &view) {
             Plan::Local(value) => Ok(local(value)),
-            Plan::Cache(plan) => self.cached(req, plan).await,
-            Plan::Pass => self.shared.inner.call(req).await,
+            Plan::Cache(plan) => self.cached(call, plan).await,
+            Plan::Pass => self.shared.inner.call(call).await,
         }
     }
 
-    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
+    async fn call_batch(&self, reqs: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let view = self.shared.view.borrow().clone();
         let mut results: Vec<Option<Result<Answer, UpstreamError>>> = Vec::with_capacity(reqs.len());
         let mut passed = Vec::new();
         let mut cached = Vec::new();
         for (i, req) in reqs.iter().enumerate() {
             results.push(None);
-            match plan(&req.method, req.params_text(), &view) {
+            match plan(req.method(), req.req.params_text(), &view) {
                 Plan::Local(value) => results[i] = Some(Ok(local(value))),
                 Plan::Cache(plan) => cached.push((i, plan)),
                 Plan::Pass => passed.push(i),
@@ -167,7 +165,7 @@ impl Upstreams for CacheLayer {
         let cached_answers = futures_util::future::join_all(
             cached.into_iter().map(|(i, plan)| async move { (i, self.cached(reqs[i], plan).await) }),
         );
-        let pass_reqs: Vec<&Request> = passed.iter().map(|&i| reqs[i]).collect();
+        let pass_reqs: Vec<&Call> = passed.iter().map(|&i| reqs[i]).collect();
         let pass_answers = async {
             match pass_reqs.len() {
                 0 => Vec::new(),

@@ -17,7 +17,7 @@
 //! reorg happened while it was in flight (the view's epoch is unchanged).
 
 use serde_json::Value;
-use sluice_chain::{BlockTag, ChainView, Resolved};
+use sluice_chain::{block_position, BlockNeed, BlockTag, ChainView, Resolved};
 
 /// What to do with one call.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +43,8 @@ pub struct Cacheable {
     pub expect_hash: Option<String>,
     /// The view's epoch when planned.
     pub epoch: u64,
+    /// What the forwarded call needs, when the plan pinned a block (`None`: as the caller's).
+    pub needs: Option<BlockNeed>,
 }
 
 /// How long a cached answer stays valid.
@@ -56,19 +58,14 @@ pub enum Lifetime {
     WhenFinalized,
 }
 
-/// Where the block parameter sits, and whether the method accepts EIP-1898 `{blockHash}`.
+/// Where the block parameter sits for the methods cached by block, and whether the method
+/// accepts EIP-1898 `{blockHash}` (the table is `sluice_chain::block_position`, shared with
+/// routing; gas estimates and access lists are not cached).
 fn block_param(method: &str) -> Option<(usize, bool)> {
-    Some(match method {
-        "eth_getBlockByNumber"
-        | "eth_getTransactionByBlockNumberAndIndex"
-        | "eth_getBlockTransactionCountByNumber"
-        | "eth_getUncleCountByBlockNumber" => (0, false),
-        "eth_getBlockReceipts" => (0, true),
-        "eth_getBalance" | "eth_getCode" | "eth_getTransactionCount" | "eth_call" => (1, true),
-        "eth_feeHistory" => (1, false),
-        "eth_getStorageAt" | "eth_getProof" => (2, true),
-        _ => return None,
-    })
+    match method {
+        "eth_estimateGas" | "eth_createAccessList" | "eth_getUncleByBlockNumberAndIndex" => None,
+        _ => block_position(method),
+    }
 }
 
 /// Plans one call against a snapshot of the chain.
@@ -90,6 +87,7 @@ pub fn plan(method: &str, params: &str, view: &ChainView) -> Plan {
             lifetime: Lifetime::Immutable,
             expect_hash: None,
             epoch: view.epoch,
+            needs: None,
         })
     };
     match method {
@@ -113,34 +111,39 @@ pub fn plan(method: &str, params: &str, view: &ChainView) -> Plan {
             Some(tag) => tag,
             None => return Plan::Pass, // let the node explain what is wrong
         },
-        None if index == params.len() && method != "eth_feeHistory" => BlockTag::Latest,
+        // An omitted block parameter is not added: a gateway never changes what the caller
+        // sent except to pin a block position the caller did send.
         None => return Plan::Pass,
     };
     match view.resolve(&tag) {
         Resolved::Unresolvable => Plan::Pass,
         Resolved::Hash(hash) => {
-            set(&mut params, index, Value::String(hash));
+            params[index] = Value::String(hash);
             immutable(&params)
         }
         Resolved::Block { number, hash, finalized } => {
-            let pinned = match (&hash, finalized, takes_hash) {
-                (Some(hash), false, true) => serde_json::json!({ "blockHash": hash }),
-                _ => Value::String(format!("0x{number:x}")),
+            let (pinned, needs) = match (&hash, finalized, takes_hash) {
+                (Some(hash), false, true) => (
+                    serde_json::json!({ "blockHash": hash }),
+                    BlockNeed::Hash { hash: hash.clone(), number: Some(number) },
+                ),
+                _ => (Value::String(format!("0x{number:x}")), BlockNeed::Number(number)),
             };
-            set(&mut params, index, pinned);
+            params[index] = pinned;
             let forward = Value::Array(params.clone()).to_string();
             // The key names the block exactly: its hash until it is final.
             let named = match (&hash, finalized) {
                 (Some(hash), false) => format!("0x{number:x}@{hash}"),
                 _ => format!("0x{number:x}"),
             };
-            set(&mut params, index, Value::String(named));
+            params[index] = Value::String(named);
             Plan::Cache(Cacheable {
                 key: key(method, &params),
                 forward: Some(forward),
                 lifetime: if finalized { Lifetime::Immutable } else { Lifetime::UntilReorgAt(number) },
                 expect_hash: if method == "eth_getBlockByNumber" && !finalized { hash } else { None },
                 epoch: view.epoch,
+                needs: Some(needs),
             })
         }
     }
@@ -155,6 +158,7 @@ fn plan_logs(mut params: Vec<Value>, view: &ChainView) -> Plan {
             lifetime: Lifetime::Immutable,
             expect_hash: None,
             epoch: view.epoch,
+            needs: None,
         });
     }
     let resolve = |field: &str| {
@@ -186,15 +190,8 @@ fn plan_logs(mut params: Vec<Value>, view: &ChainView) -> Plan {
         lifetime: if to_final { Lifetime::Immutable } else { Lifetime::UntilReorgAt(to) },
         expect_hash: None,
         epoch: view.epoch,
+        needs: Some(BlockNeed::Range { from, to }),
     })
-}
-
-fn set(params: &mut Vec<Value>, index: usize, value: Value) {
-    if index < params.len() {
-        params[index] = value;
-    } else {
-        params.push(value);
-    }
 }
 
 /// `method` + canonical params: sorted object keys (serde_json's map), no spaces, and hex
@@ -252,9 +249,9 @@ mod tests {
         assert_eq!(c.lifetime, Lifetime::UntilReorgAt(100));
         assert_eq!(c.key, format!(r#"eth_getBalance["0xabc","0x64@{}"]"#, hash(100)));
         assert_eq!(c.forward.unwrap(), format!(r#"["0xABC",{{"blockHash":"{}"}}]"#, hash(100)));
-        // The same block named three ways shares one key.
+        // The same block named two ways shares one key.
         assert_eq!(cache("eth_getBalance", r#"["0xabc","0x64"]"#).key, c.key);
-        assert_eq!(cache("eth_getBalance", r#"["0xabc"]"#).key, c.key);
+        assert_eq!(c.needs, Some(BlockNeed::Hash { hash: hash(100), number: Some(100) }));
     }
 
     #[test]
@@ -286,6 +283,9 @@ mod tests {
             ("eth_getLogs", r#"[{"fromBlock":"0x10","toBlock":"pending"}]"#),
             ("eth_getLogs", r#"[{"fromBlock":"0x60","toBlock":"0x50"}]"#),
             ("eth_feeHistory", r#"["0x4"]"#),
+            // Omitted block parameters are not added (the call would change meaning).
+            ("eth_getBalance", r#"["0xabc"]"#),
+            ("eth_getBlockByNumber", r#"[]"#),
         ] {
             assert_eq!(plan(method, params, &view()), Plan::Pass, "{method} {params}");
         }
@@ -357,7 +357,14 @@ mod admit_tests {
     }
 
     fn cacheable(lifetime: Lifetime, expect_hash: Option<&str>) -> Cacheable {
-        Cacheable { key: String::new(), forward: None, lifetime, expect_hash: expect_hash.map(str::to_owned), epoch: 0 }
+        Cacheable {
+            key: String::new(),
+            forward: None,
+            lifetime,
+            expect_hash: expect_hash.map(str::to_owned),
+            epoch: 0,
+            needs: None,
+        }
     }
 
     #[test]

@@ -3,10 +3,14 @@
 //! * [`BlockTag`]: what a block parameter names (`latest`, a number, a hash, …).
 //! * [`HeadTracker`]: fed block headers as they arrive, it keeps the recent canonical chain,
 //!   detects reorgs and says when it needs a parent it has not seen.
+//! * [`BlockNeed`]: which block a call needs, read once from its method and params.
 //! * [`ChainView`]: an immutable snapshot of the tracker that resolves tags without locks.
 
+mod need;
 mod tag;
 mod tracker;
+
+pub use need::{block_position, BlockNeed};
 
 pub use tag::parse_quantity;
 pub use tag::BlockTag;

@@ -148,6 +148,31 @@ impl HeadTracker {
         }
     }
 
+    /// Room left below the lowest tracked block, within the window.
+    pub fn room_below(&self) -> usize {
+        let lowest = self.blocks.first_key_value().map_or(0, |(n, _)| *n);
+        (self.window - self.blocks.len()).min(lowest as usize)
+    }
+
+    /// The lowest tracked block and the hash its parent must have.
+    pub fn lowest(&self) -> Option<(u64, &str)> {
+        let (n, _) = self.blocks.first_key_value()?;
+        Some((*n, self.parents.get(n)?.as_str()))
+    }
+
+    /// Backfills one block just below the lowest tracked one (at start, so that recent blocks
+    /// are cacheable at once). True when it links: its hash is the lowest block's parent hash
+    /// and the window has room. Nothing else changes: no event, no new epoch.
+    pub fn prepend(&mut self, header: Header) -> bool {
+        let links = self.lowest().is_some_and(|(n, parent)| header.number + 1 == n && header.hash == parent);
+        if !links || self.blocks.len() >= self.window {
+            return false;
+        }
+        self.blocks.insert(header.number, header.hash);
+        self.parents.insert(header.number, header.parent_hash);
+        true
+    }
+
     /// Records the node's finalized height (it only moves forward).
     pub fn set_finalized(&mut self, number: u64) {
         self.finalized = Some(self.finalized.map_or(number, |f| f.max(number)));
@@ -350,5 +375,21 @@ mod tests {
         let mut unfinalized = HeadTracker::new(4);
         chain(&mut unfinalized, 0..=20, 'a');
         assert_eq!(unfinalized.view().resolve(&BlockTag::Number(3)), Resolved::Unresolvable, "no hash, not final");
+    }
+
+    #[test]
+    fn backfill_links_downwards_within_the_window() {
+        let mut t = HeadTracker::new(4);
+        t.feed(h(10, 'a'));
+        assert_eq!(t.room_below(), 3);
+        assert!(!t.prepend(h(8, 'a')), "not adjacent");
+        assert!(!t.prepend(h(9, 'b')), "another branch");
+        assert!(t.prepend(h(9, 'a')));
+        assert!(t.prepend(h(8, 'a')));
+        assert!(t.prepend(h(7, 'a')));
+        assert_eq!(t.room_below(), 0);
+        assert!(!t.prepend(h(6, 'a')), "window full");
+        assert_eq!(t.view().hash_of(7), Some(h(7, 'a').hash.as_str()));
+        assert_eq!(t.feed(h(11, 'a')), Feed::Extended, "the head still extends");
     }
 }

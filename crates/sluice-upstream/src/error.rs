@@ -26,6 +26,12 @@ pub enum UpstreamError {
     /// No upstream could take the call (all circuits open, or all too far behind).
     #[error("no upstream available")]
     NoneAvailable,
+    /// The node refused a batch of this size as a whole (the pool splits it and sends again).
+    #[error("upstream refused the batch as too large")]
+    BatchRefused,
+    /// No upstream's known blocks cover what the call needs.
+    #[error("no upstream has the block this call needs")]
+    NotCovered,
     /// Every upstream that could take the call has spent its rate limit or daily quota.
     #[error("all upstreams are over their request budget; try again later")]
     BudgetExhausted,
@@ -42,6 +48,8 @@ impl UpstreamError {
             UpstreamError::ResponseTooLarge => "too_large",
             UpstreamError::NoneAvailable => "none_available",
             UpstreamError::BudgetExhausted => "budget_exhausted",
+            UpstreamError::BatchRefused => "batch_refused",
+            UpstreamError::NotCovered => "not_covered",
         }
     }
 

@@ -17,7 +17,7 @@ use sluice_chain::{parse_quantity, ChainEvent, ChainView, Feed, HeadTracker, Hea
 use sluice_jsonrpc::{Id, Outcome, Request};
 use tokio::sync::{broadcast, watch};
 
-use crate::{UpstreamSocket, Upstreams};
+use crate::{Call, UpstreamSocket, Upstreams};
 
 /// Settings for the head feed.
 #[derive(Debug, Clone)]
@@ -64,8 +64,14 @@ impl HeadFeed {
 pub fn spawn_head_watcher(upstream: Arc<dyn Upstreams>, ws_url: Option<String>, config: HeadConfig) -> HeadFeed {
     let (view_tx, view) = watch::channel(Arc::new(ChainView::default()));
     let (events, _) = broadcast::channel(1024);
-    let watcher =
-        Watcher { tracker: HeadTracker::new(config.window), upstream, view_tx, events: events.clone(), config };
+    let watcher = Watcher {
+        tracker: HeadTracker::new(config.window),
+        upstream,
+        view_tx,
+        events: events.clone(),
+        config,
+        backfilled: false,
+    };
     tokio::spawn(watcher.run(ws_url));
     HeadFeed { view, events }
 }
@@ -76,6 +82,8 @@ struct Watcher {
     view_tx: watch::Sender<Arc<ChainView>>,
     events: broadcast::Sender<ChainEvent>,
     config: HeadConfig,
+    /// The window below the first head has been filled.
+    backfilled: bool,
 }
 
 impl Watcher {
@@ -178,6 +186,10 @@ impl Watcher {
         if !moved {
             return;
         }
+        if !self.backfilled {
+            self.backfilled = true;
+            self.backfill().await;
+        }
         self.refresh_finality().await;
         let view = Arc::new(self.tracker.view());
         let latest = view.latest().map(|(n, _)| n);
@@ -193,12 +205,50 @@ impl Watcher {
         }
     }
 
+    /// At start, fills the window below the first head (newest first, in batches), so that
+    /// recent blocks are cacheable at once instead of only once they are finalized.
+    async fn backfill(&mut self) {
+        const BATCH: u64 = 100;
+        let mut filled = 0usize;
+        while self.tracker.room_below() > 0 {
+            let Some((lowest, _)) = self.tracker.lowest() else { break };
+            let count = (self.tracker.room_below() as u64).min(BATCH);
+            let calls: Vec<Call> = (1..=count)
+                .map(|k| Call::internal("eth_getBlockByNumber", Some(&format!(r#"["{:#x}",false]"#, lowest - k))))
+                .collect();
+            let refs: Vec<&Call> = calls.iter().collect();
+            let answers = self.upstream.call_batch(&refs).await;
+            let mut linked = 0;
+            for answer in answers {
+                let header = match answer {
+                    Ok(answer) => match answer.outcome {
+                        Outcome::Result(raw) => serde_json::from_str::<Header>(raw.get()).ok(),
+                        Outcome::Error(_) => None,
+                    },
+                    Err(_) => None,
+                };
+                // Stops at the first block that does not link (a reorg meanwhile, a pruned node).
+                if !header.is_some_and(|h| self.tracker.prepend(h)) {
+                    break;
+                }
+                linked += 1;
+            }
+            filled += linked;
+            if linked < count as usize {
+                break;
+            }
+        }
+        if filled > 0 {
+            tracing::info!(blocks = filled, "backfilled the head tracker's window");
+        }
+    }
+
     async fn refresh_finality(&mut self) {
         let finalized = RawValue::from_string(r#"["finalized",false]"#.into()).ok();
         let safe = RawValue::from_string(r#"["safe",false]"#.into()).ok();
         let calls = [
-            Request::new(Some(Id::number(1)), "eth_getBlockByNumber", finalized),
-            Request::new(Some(Id::number(2)), "eth_getBlockByNumber", safe),
+            Call::internal_request(Request::new(Some(Id::number(1)), "eth_getBlockByNumber", finalized)),
+            Call::internal_request(Request::new(Some(Id::number(2)), "eth_getBlockByNumber", safe)),
         ];
         let answers = self.upstream.call_batch(&[&calls[0], &calls[1]]).await;
         let number = |i: usize| match &answers[i] {
@@ -222,8 +272,7 @@ impl Watcher {
     }
 
     async fn fetch(&self, method: &str, params: &str) -> Option<serde_json::Value> {
-        let params = RawValue::from_string(params.to_owned()).ok();
-        let answer = self.upstream.call(&Request::new(Some(Id::number(1)), method, params)).await.ok()?;
+        let answer = self.upstream.call(&Call::internal(method, Some(params))).await.ok()?;
         match answer.outcome {
             Outcome::Result(raw) => serde_json::from_str(raw.get()).ok(),
             Outcome::Error(_) => None,

@@ -10,9 +10,9 @@ use hyper::header::CONTENT_TYPE;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use sluice_jsonrpc::{Request, ResponseEnvelope};
+use sluice_jsonrpc::{Outcome, Request, ResponseEnvelope};
 
-use crate::{Answer, UpstreamError, Upstreams};
+use crate::{Answer, Node, UpstreamError};
 
 /// Settings for an [`HttpUpstream`].
 #[derive(Debug, Clone)]
@@ -59,25 +59,11 @@ impl HttpUpstream {
         Ok(Self { config, uri, client, next_id: AtomicU64::new(1) })
     }
 
-    /// The configured name.
-    pub fn name(&self) -> &str {
-        &self.config.name
-    }
-
     fn ids(&self, n: u64) -> u64 {
         self.next_id.fetch_add(n, Ordering::Relaxed)
     }
 
-    /// The configured deadline for one call.
-    pub fn timeout(&self) -> Duration {
-        self.config.timeout
-    }
-
     /// POSTs a body and returns the answer's bytes, classifying every failure.
-    async fn post(&self, body: Vec<u8>) -> Result<(u16, Bytes), UpstreamError> {
-        self.post_within(body, self.config.timeout).await
-    }
-
     async fn post_within(&self, body: Vec<u8>, timeout: Duration) -> Result<(u16, Bytes), UpstreamError> {
         let request = hyper::Request::post(self.uri.clone())
             .header(CONTENT_TYPE, "application/json")
@@ -151,15 +137,26 @@ impl HttpUpstream {
     }
 }
 
-#[async_trait]
-impl Upstreams for HttpUpstream {
-    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
+impl HttpUpstream {
+    /// Makes one call with the configured deadline (for tools and start-up checks; the
+    /// gateway reaches nodes through the pool).
+    pub async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
         self.call_within(req, self.config.timeout).await
     }
 
-    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
+    /// Sends calls as one JSON-RPC batch (one call alone as a plain call) and places each
+    /// answer by its id. `Err` for the whole exchange: transport trouble, or
+    /// [`UpstreamError::BatchRefused`] when the node refuses a batch of this size.
+    pub async fn call_batch_within(
+        &self,
+        reqs: &[&Request],
+        timeout: Duration,
+    ) -> Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError> {
         if reqs.len() == 1 {
-            return vec![self.call(reqs[0]).await];
+            return match self.call_within(reqs[0], timeout).await {
+                Ok(answer) => Ok(vec![Ok(answer.outcome)]),
+                Err(e) => Err(e),
+            };
         }
         let started = Instant::now();
         let first = self.ids(reqs.len() as u64);
@@ -172,27 +169,74 @@ impl Upstreams for HttpUpstream {
             req.write_with_id(&(first + i as u64).to_string(), &mut body);
         }
         body.push(b']');
-        let answers =
-            self.post(body).await.and_then(|(status, bytes)| parse_answer::<Vec<ResponseEnvelope>>(status, &bytes));
-        let results = match answers {
-            Err(e) => vec![Err(e); reqs.len()],
-            Ok(envelopes) => {
-                // Nodes may answer a batch in any order: place each answer by its id.
-                let mut results = vec![Err(UpstreamError::InvalidResponse("batch answer missing")); reqs.len()];
-                for env in envelopes {
-                    let slot = env.numeric_id().and_then(|id| id.checked_sub(first)).map(|i| i as usize);
-                    if let Some(slot) = slot.filter(|&i| i < reqs.len()) {
-                        results[slot] = env
-                            .into_outcome()
-                            .map(Answer::upstream)
-                            .ok_or(UpstreamError::InvalidResponse("answer has no result or error"));
-                    }
+        let answers = self.post_within(body, timeout).await.and_then(|(status, bytes)| parse_batch(status, &bytes));
+        let results = answers.map(|envelopes| {
+            // Nodes may answer a batch in any order: place each answer by its id.
+            let mut results = vec![Err(UpstreamError::InvalidResponse("batch answer missing")); reqs.len()];
+            for env in envelopes {
+                let slot = env.numeric_id().and_then(|id| id.checked_sub(first)).map(|i| i as usize);
+                if let Some(slot) = slot.filter(|&i| i < reqs.len()) {
+                    results[slot] = env.into_outcome().ok_or(UpstreamError::InvalidResponse("answer has no result or error"));
                 }
-                results
             }
+            results
+        });
+        let outcome = match &results {
+            Err(e) => e.kind(),
+            Ok(results) => results.iter().find_map(|r| r.as_ref().err()).map_or("ok", UpstreamError::kind),
         };
-        let outcome = results.iter().find_map(|r| r.as_ref().err()).map_or("ok", UpstreamError::kind);
         self.record(started, outcome);
         results
+    }
+}
+
+/// Reads a batch answer. A node that refuses the batch as a whole (HTTP 413, or one error
+/// object instead of an array, as geth and most providers answer an over-long batch) gives
+/// [`UpstreamError::BatchRefused`], so that the pool can split it.
+fn parse_batch(status: u16, body: &[u8]) -> Result<Vec<ResponseEnvelope>, UpstreamError> {
+    if status == 413 {
+        return Err(UpstreamError::BatchRefused);
+    }
+    match parse_answer::<Vec<ResponseEnvelope>>(status, body) {
+        Err(UpstreamError::InvalidResponse(_)) | Err(UpstreamError::HttpStatus(_))
+            if serde_json::from_slice::<ResponseEnvelope>(body).is_ok_and(|e| e.numeric_id().is_none()) =>
+        {
+            Err(UpstreamError::BatchRefused)
+        }
+        other => other,
+    }
+}
+
+#[async_trait]
+impl Node for HttpUpstream {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
+    async fn send(
+        &self,
+        reqs: &[&Request],
+        timeout: Duration,
+    ) -> Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError> {
+        self.call_batch_within(reqs, timeout).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_batch_is_told_apart_from_a_broken_answer() {
+        let one_error = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"batch too large"}}"#;
+        assert_eq!(parse_batch(200, one_error).unwrap_err(), UpstreamError::BatchRefused);
+        assert_eq!(parse_batch(413, b"").unwrap_err(), UpstreamError::BatchRefused);
+        assert_eq!(parse_batch(200, b"nonsense").unwrap_err(), UpstreamError::InvalidResponse("not a JSON-RPC answer"));
+        assert_eq!(parse_batch(500, b"").unwrap_err(), UpstreamError::HttpStatus(500));
+        assert_eq!(parse_batch(200, br#"[{"jsonrpc":"2.0","id":1,"result":"0x1"}]"#).unwrap().len(), 1);
     }
 }

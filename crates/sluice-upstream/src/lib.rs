@@ -1,13 +1,17 @@
 //! Upstream nodes for sluice.
 //!
-//! * [`Upstreams`] is the seam every other component calls through: the gateway for
-//!   pass-through calls, and later the cache (on a miss) and the mempool (state, relay).
-//! * [`HttpUpstream`] is one node reached over HTTP/1.1 with keep-alive.
+//! * [`Call`] is a call with its context ([`CallCtx`]: network, tier, deadline, priority, the
+//!   block it needs), built once at the edge.
+//! * [`Upstreams`] is the seam the request path calls through: layers (mempool, logs, cache,
+//!   coalescing) wrap the [`pool::Pool`], which every call reaches, also with one member.
+//! * [`Node`] is one upstream as the pool sees it; [`HttpUpstream`] is one node reached over
+//!   HTTP/1.1 with keep-alive.
 //! * [`UpstreamSocket`] is one WebSocket connection to a node, used for `eth_subscribe`.
 //!
 //! Errors are classified ([`UpstreamError`]) so callers can tell an unreachable node from a slow
 //! one or a broken answer, and turned into JSON-RPC errors that never leak upstream internals.
 
+mod call;
 mod error;
 mod heads;
 mod http;
@@ -16,32 +20,45 @@ pub mod pool;
 mod socket;
 pub mod tls;
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use sluice_jsonrpc::{Outcome, Request};
 
+pub use call::{Call, CallCtx, Origin, DEFAULT_NETWORK};
 pub use error::UpstreamError;
 pub use heads::{spawn_head_watcher, HeadConfig, HeadFeed};
 pub use http::{HttpUpstream, HttpUpstreamConfig};
 pub use socket::{Notification, UpstreamSocket};
 
-/// Something that answers JSON-RPC calls: one node, a pool of nodes, or a layer (cache,
-/// coalescing) wrapping another `Upstreams`.
+/// Something that answers calls: the upstream pool, or a layer (mempool, logs, cache,
+/// coalescing) wrapping another. The seam of the request path below the gateway.
 #[async_trait]
 pub trait Upstreams: Send + Sync + 'static {
     /// Answers one call. A JSON-RPC error from the node is an `Ok` answer holding
     /// `Outcome::Error`: it is the node's answer. `Err` means no usable answer was had.
-    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError>;
+    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError>;
 
-    /// Answers several calls, in order. The default makes the calls concurrently; a node client
-    /// sends them as one JSON-RPC batch.
-    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
-        futures_util::future::join_all(reqs.iter().map(|r| self.call(r))).await
+    /// Answers several calls, in order. The default makes the calls concurrently; the pool
+    /// sends them to each member as one JSON-RPC batch.
+    async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+        futures_util::future::join_all(calls.iter().map(|c| self.call(c))).await
     }
+}
 
-    /// A JSON snapshot of health for `/status` (`null` when there is nothing to report).
-    fn status(&self) -> serde_json::Value {
-        serde_json::Value::Null
-    }
+/// One upstream node as the pool sees it: a name, a deadline, and a way to send calls.
+/// HTTP today ([`HttpUpstream`]); the pool's ordering, failover, hedging, breaker and budgets
+/// are tested with in-memory nodes.
+#[async_trait]
+pub trait Node: Send + Sync + 'static {
+    /// For logs, metrics and `/status`.
+    fn name(&self) -> &str;
+    /// Its default deadline for one exchange.
+    fn timeout(&self) -> Duration;
+    /// Sends calls in one exchange (one JSON-RPC batch); one outcome per call, in order.
+    /// `Err` when the exchange as a whole failed.
+    async fn send(&self, reqs: &[&Request], timeout: Duration)
+        -> Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>;
 }
 
 /// An answer and where it came from.

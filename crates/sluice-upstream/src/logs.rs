@@ -12,10 +12,10 @@ use futures_util::stream::{self, StreamExt};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use sluice_chain::{BlockTag, ChainView, Resolved};
-use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
+use sluice_jsonrpc::{codes, ErrorObject, Outcome};
 use tokio::sync::watch;
 
-use crate::{Answer, Source, UpstreamError, Upstreams};
+use crate::{Answer, Call, Source, UpstreamError, Upstreams};
 
 /// Splitting settings.
 #[derive(Debug, Clone)]
@@ -92,7 +92,8 @@ impl LogsLayer {
     }
 
     /// The chunked call when `req` is a range query longer than the limit.
-    async fn split(&self, req: &Request) -> Option<Result<Answer, UpstreamError>> {
+    async fn split(&self, call: &Call) -> Option<Result<Answer, UpstreamError>> {
+        let req = &call.req;
         if req.method != "eth_getLogs" {
             return None;
         }
@@ -123,7 +124,7 @@ impl LogsLayer {
         metrics::counter!("sluice_logs_split_total").increment(1);
         let filter = filter.clone();
         let parts: Vec<Result<Vec<Box<RawValue>>, Outcome>> = stream::iter(ranges)
-            .map(|range| self.fetch(req, &filter, range))
+            .map(|range| self.fetch(call, &filter, range))
             .buffered(self.config.concurrency.max(1))
             .collect()
             .await;
@@ -141,7 +142,7 @@ impl LogsLayer {
     /// One range, bisected while the node says it is too large.
     async fn fetch(
         &self,
-        req: &Request,
+        call: &Call,
         filter: &serde_json::Map<String, Value>,
         range: (u64, u64),
     ) -> Result<Vec<Box<RawValue>>, Outcome> {
@@ -151,8 +152,10 @@ impl LogsLayer {
             let mut f = filter.clone();
             f.insert("fromBlock".into(), Value::String(format!("{:#x}", range.0)));
             f.insert("toBlock".into(), Value::String(format!("{:#x}", range.1)));
-            let params = serde_json::value::to_raw_value(&[Value::Object(f)]).ok();
-            let chunk = Request::new(req.id.clone(), "eth_getLogs", params);
+            let Ok(params) = serde_json::value::to_raw_value(&[Value::Object(f)]) else {
+                return Err(Outcome::error(&ErrorObject::new(codes::INTERNAL_ERROR, "eth_getLogs: filter")));
+            };
+            let chunk = call.with_params(params, sluice_chain::BlockNeed::Range { from: range.0, to: range.1 });
             let answer = self.inner.call(&chunk).await;
             match answer {
                 Ok(Answer { outcome: Outcome::Result(raw), .. }) => {
@@ -203,22 +206,18 @@ fn resolve(view: &ChainView, value: Option<&Value>) -> Option<u64> {
 
 #[async_trait]
 impl Upstreams for LogsLayer {
-    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
-        match self.split(req).await {
+    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+        match self.split(call).await {
             Some(answer) => answer,
-            None => self.inner.call(req).await,
+            None => self.inner.call(call).await,
         }
     }
 
-    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
-        if !reqs.iter().any(|r| r.method == "eth_getLogs") {
-            return self.inner.call_batch(reqs).await;
+    async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+        if !calls.iter().any(|c| c.method() == "eth_getLogs") {
+            return self.inner.call_batch(calls).await;
         }
-        futures_util::future::join_all(reqs.iter().map(|r| self.call(r))).await
-    }
-
-    fn status(&self) -> Value {
-        self.inner.status()
+        futures_util::future::join_all(calls.iter().map(|c| self.call(c))).await
     }
 }
 

@@ -42,6 +42,14 @@ impl RateLimit {
         }
     }
 
+    /// Takes up to `n` tokens and says how many it took.
+    pub fn take_up_to(&mut self, n: usize, now: Instant) -> usize {
+        self.refill(now);
+        let taken = (self.tokens.floor().max(0.0) as usize).min(n);
+        self.tokens -= taken as f64;
+        taken
+    }
+
     /// Tokens left now, rounded down.
     pub fn left(&mut self, now: Instant) -> u64 {
         self.refill(now);
@@ -79,6 +87,14 @@ impl DailyQuota {
     pub fn left(&mut self, now: SystemTime) -> u64 {
         self.roll(now);
         self.limit.saturating_sub(self.used)
+    }
+
+    /// Takes up to `n` requests of today's and says how many it took.
+    pub fn take_up_to(&mut self, n: usize, now: SystemTime) -> usize {
+        self.roll(now);
+        let taken = self.limit.saturating_sub(self.used).min(n as u64);
+        self.used += taken;
+        taken as usize
     }
 
     /// Takes one request if any are left today.
@@ -129,6 +145,18 @@ mod tests {
         // Hammer it for 3 simulated seconds, one attempt per millisecond.
         let taken = (0..3000).filter(|ms| limit.take(t0 + Duration::from_millis(*ms))).count();
         assert!((30..=40).contains(&taken), "{taken}: 10/s for 3 s plus a 10-request burst");
+    }
+
+    #[test]
+    fn batches_take_what_the_budgets_have() {
+        let t0 = Instant::now();
+        let mut limit = RateLimit::new(5.0, t0);
+        assert_eq!(limit.take_up_to(8, t0), 5);
+        assert_eq!(limit.take_up_to(8, t0), 0);
+        assert_eq!(limit.take_up_to(8, t0 + Duration::from_millis(400)), 2);
+        let day = UNIX_EPOCH + Duration::from_secs(20_000 * 86_400);
+        let mut quota = DailyQuota::new(3, day);
+        assert_eq!((quota.take_up_to(2, day), quota.take_up_to(2, day), quota.take_up_to(2, day)), (2, 1, 0));
     }
 
     #[test]

@@ -35,6 +35,29 @@ pub fn judge_error(error: &RawValue) -> Verdict {
     }
 }
 
+/// "I do not have that block (or its state)", in the wordings of geth, reth, erigon,
+/// nethermind, besu, anvil and hosted providers: from a node that is behind or pruned, an
+/// answer another node may give. Only meaningful for a call that needs a particular block.
+pub fn is_missing_block(error: &RawValue) -> bool {
+    let value: serde_json::Value = serde_json::from_str(error.get()).unwrap_or_default();
+    let code = value["code"].as_i64().unwrap_or(0);
+    let message = value["message"].as_str().unwrap_or("").to_ascii_lowercase();
+    code == -32001 // anvil, EIP-1474 "resource not found"
+        || [
+            "header not found",
+            "unknown block",
+            "block not found",
+            "missing trie node",
+            "historical state",
+            "state not available",
+            "state is not available",
+            "pruned",
+            "distance to target block exceeds",
+        ]
+        .iter()
+        .any(|w| message.contains(w))
+}
+
 /// "The node already has this transaction", in the wordings of geth, reth, erigon, nethermind,
 /// besu and anvil: for a broadcast, as good as accepted.
 pub fn is_already_known(error: &RawValue) -> bool {
@@ -74,6 +97,21 @@ mod tests {
         assert_eq!(judge_error(&raw(r#"{"code":-32000,"message":"Too Many Requests"}"#)), Verdict::RetryElsewhere);
         assert_eq!(judge_error(&raw(r#"{"code":-32603,"message":"internal"}"#)), Verdict::RetryElsewhere);
         assert_eq!(judge_error(&raw(r#"{"code":-32601,"message":"no such method"}"#)), Verdict::TryAnother);
+    }
+
+    #[test]
+    fn missing_blocks_in_many_wordings() {
+        for m in [
+            r#"{"code":-32001,"message":"Resource not found"}"#,
+            r#"{"code":-32000,"message":"header not found"}"#,
+            r#"{"code":-32000,"message":"missing trie node 0xab (path ) state 0xab is not available"}"#,
+            r#"{"code":-32000,"message":"unknown block"}"#,
+            r#"{"code":4444,"message":"pruned history unavailable"}"#,
+        ] {
+            assert!(is_missing_block(&raw(m)), "{m}");
+        }
+        assert!(!is_missing_block(&raw(r#"{"code":3,"message":"execution reverted"}"#)));
+        assert!(!is_missing_block(&raw(r#"{"code":-32602,"message":"invalid params"}"#)));
     }
 
     #[test]

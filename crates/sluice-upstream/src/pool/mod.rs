@@ -1,34 +1,44 @@
-//! The upstream pool: many nodes behind one [`Upstreams`].
+//! The upstream pool: every call reaches the nodes through it, also with one member.
 //!
-//! Per call: order the members (tier, then score; skipping open circuits and, for head-bound
-//! reads, members more than `max_lag` blocks behind) → try them in turn, up to `max_attempts`
-//! within `deadline`. Answers that are the request's own fault (reverts, invalid params) come
-//! back at once; upstream trouble (transport, timeout, 429/5xx, garbage, overload) moves on to
-//! the next member. `eth_sendRawTransaction` goes to every available member at once.
+//! Per call: [`order`] the members (pure: coverage of the block the call needs, tier, score,
+//! circuits, lag, budgets) → try them in turn, up to `max_attempts` within the deadline, the
+//! first attempt hedged to the next member when it is slow. Answers that are the request's own
+//! fault (reverts, invalid params) come back at once; node trouble (transport, timeout, 429/5xx,
+//! garbage, overload) moves on, to the same member again when it is the only one; "unknown
+//! block" from a member moves on to another that may have the block, and is counted.
+//! A batch is grouped by chosen member and each group sent as one JSON-RPC batch (at most
+//! `max_batch` calls, split when a node refuses the size), with failover per element.
+//! `eth_sendRawTransaction` goes to every available member at once.
 //! A prober task reads each member's head every `probe_interval`; it is also the half-open probe
 //! that lets a recovered member back in without client traffic.
 
+mod attempt;
+mod batch;
 mod breaker;
 mod budget;
 mod classify;
 mod health;
 mod hedge;
+mod order;
+mod probe;
 
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use sluice_jsonrpc::{Id, Outcome, RawValue, Request};
+use sluice_chain::BlockNeed;
+use sluice_jsonrpc::{Outcome, Request};
+use tokio::sync::Semaphore;
 
 pub use breaker::{Breaker, Circuit};
 pub use budget::{DailyQuota, MethodFilter, RateLimit};
-pub use classify::{is_already_known, judge_error, Verdict};
-use futures_util::future::Either;
+pub use classify::{is_already_known, is_missing_block, judge_error, Verdict};
 pub use health::Health;
 pub use hedge::{HedgeAfter, HedgeBudget, Recent};
-use tokio::sync::Semaphore;
+pub use order::{order, MemberView, Order};
 
-use crate::{Answer, HttpUpstream, UpstreamError, Upstreams};
+use crate::{Answer, Call, HttpUpstream, Node, UpstreamError, Upstreams};
 
 /// Pool-wide settings.
 #[derive(Debug, Clone)]
@@ -51,6 +61,8 @@ pub struct PoolConfig {
     pub hedge_max_extra: f64,
     /// Deadlines by method (`prefix_*` wildcards), instead of the member's own timeout.
     pub method_timeouts: Vec<(String, Duration)>,
+    /// Most calls in one JSON-RPC batch to a member; longer groups are split.
+    pub max_batch: usize,
 }
 
 impl Default for PoolConfig {
@@ -65,14 +77,15 @@ impl Default for PoolConfig {
             hedge: HedgeAfter::P95 { floor: Duration::from_millis(20) },
             hedge_max_extra: 0.1,
             method_timeouts: Vec::new(),
+            max_batch: 100,
         }
     }
 }
 
 /// One member as configured.
-pub struct MemberConfig {
+pub struct MemberConfig<N: Node = HttpUpstream> {
     /// Its client.
-    pub client: HttpUpstream,
+    pub client: N,
     /// 0 = primary; higher tiers are used only when lower ones cannot serve.
     pub tier: u8,
     /// Relative share among members of one tier.
@@ -87,9 +100,9 @@ pub struct MemberConfig {
     pub daily_quota: Option<u64>,
 }
 
-impl MemberConfig {
+impl<N: Node> MemberConfig<N> {
     /// A member with no limits.
-    pub fn new(client: HttpUpstream) -> Self {
+    pub fn new(client: N) -> Self {
         Self {
             client,
             tier: 0,
@@ -102,8 +115,11 @@ impl MemberConfig {
     }
 }
 
-struct Member {
-    client: HttpUpstream,
+/// Block hashes a member is known to have (its probed heads, answers by hash).
+const KNOWN_HASHES: usize = 256;
+
+struct Member<N> {
+    node: N,
     tier: u8,
     weight: u32,
     filter: MethodFilter,
@@ -117,6 +133,11 @@ struct State {
     recent: Recent,
     rate: Option<RateLimit>,
     quota: Option<DailyQuota>,
+    known_hashes: VecDeque<String>,
+    /// The largest batch the node accepted after refusing a larger one.
+    batch_limit: Option<usize>,
+    /// Answers of "no such block" from this member, for `/status`.
+    missing_blocks: u64,
 }
 
 impl State {
@@ -125,51 +146,64 @@ impl State {
         self.rate.as_mut().is_none_or(|r| r.available(now)) && self.quota.as_mut().is_none_or(|q| q.left(wall) > 0)
     }
 
-    /// Spends one call of the budgets; false if either is spent.
-    fn spend(&mut self, now: Instant, wall: SystemTime) -> bool {
-        if !self.within_budget(now, wall) {
-            return false;
+    /// Spends up to `n` calls of the budgets; how many it could.
+    fn spend(&mut self, n: usize, now: Instant, wall: SystemTime) -> usize {
+        let n = self.rate.as_mut().map_or(n, |r| r.take_up_to(n, now));
+        // The quota is only charged for what the rate let through.
+        self.quota.as_mut().map_or(n, |q| q.take_up_to(n, wall))
+    }
+
+    fn knows(&self, hash: &str) -> bool {
+        self.known_hashes.iter().any(|h| h == hash)
+    }
+
+    fn learn(&mut self, hash: &str) {
+        if !self.knows(hash) {
+            if self.known_hashes.len() == KNOWN_HASHES {
+                self.known_hashes.pop_front();
+            }
+            self.known_hashes.push_back(hash.to_owned());
         }
-        self.rate.as_mut().is_none_or(|r| r.take(now)) && self.quota.as_mut().is_none_or(|q| q.take(wall))
     }
 }
 
 /// Keeps `in_flight` right when a call is cancelled (the losing half of a hedge).
-struct InFlight<'a>(&'a Member);
+struct InFlight<'a, N>(&'a Member<N>);
 
-impl Drop for InFlight<'_> {
+impl<N> Drop for InFlight<'_, N> {
     fn drop(&mut self) {
         let mut state = self.0.state();
         state.health.in_flight = state.health.in_flight.saturating_sub(1);
     }
 }
 
-impl Member {
+impl<N> Member<N> {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// The pool.
-pub struct Pool {
-    members: Vec<Member>,
+/// The pool of members behind one [`Upstreams`].
+pub struct Pool<N: Node = HttpUpstream> {
+    members: Vec<Member<N>>,
     config: PoolConfig,
     hedges: Mutex<HedgeBudget>,
 }
 
-/// The members to try for one call, or why there are none.
-enum Order {
-    Try(Vec<usize>),
-    OverBudget,
-}
-
-impl Pool {
+impl<N: Node> Pool<N> {
     /// Builds the pool and starts its prober.
-    pub fn new(members: Vec<MemberConfig>, config: PoolConfig) -> Arc<Self> {
+    pub fn new(members: Vec<MemberConfig<N>>, config: PoolConfig) -> Arc<Self> {
+        let pool = Arc::new(Self::without_prober(members, config));
+        tokio::spawn(probe::run(Arc::downgrade(&pool)));
+        pool
+    }
+
+    /// Builds the pool without its prober (heads then come from [`Pool::set_head`]): for tests.
+    pub fn without_prober(members: Vec<MemberConfig<N>>, config: PoolConfig) -> Self {
         let members = members
             .into_iter()
             .map(|m| Member {
-                client: m.client,
+                node: m.client,
                 tier: m.tier,
                 weight: m.weight,
                 filter: m.filter,
@@ -180,162 +214,140 @@ impl Pool {
                     recent: Recent::default(),
                     rate: m.rate.map(|r| RateLimit::new(r, Instant::now())),
                     quota: m.daily_quota.map(|q| DailyQuota::new(q, SystemTime::now())),
+                    known_hashes: VecDeque::new(),
+                    batch_limit: None,
+                    missing_blocks: 0,
                 }),
             })
             .collect();
         let hedges = Mutex::new(HedgeBudget::new(config.hedge_max_extra, 10.0));
-        let pool = Arc::new(Self { members, config, hedges });
-        tokio::spawn(probe(Arc::downgrade(&pool)));
-        pool
+        Self { members, config, hedges }
+    }
+
+    /// Records a member's head (and its hash, which it then is known to have).
+    pub fn set_head(&self, member: usize, number: u64, hash: Option<&str>) {
+        if let Some(m) = self.members.get(member) {
+            let mut state = m.state();
+            state.health.head = Some(number);
+            if let Some(hash) = hash {
+                state.learn(hash);
+            }
+        }
+    }
+
+    /// How many members the pool has.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// True when the pool has no member.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
     }
 
     fn best_head(&self) -> Option<u64> {
         self.members.iter().filter_map(|m| m.state().health.head).max()
     }
 
-    /// Members to try for `method`, best first: tier, then score (busy members last). Left out:
-    /// members that do not serve the method, open circuits, members over budget, and for
-    /// head-bound reads members lagging more than `max_lag`.
-    fn order(&self, method: &str, head_bound: bool) -> Order {
+    /// The members to try for `call`, best first (see [`order`]).
+    fn order_for(&self, call: &Call) -> Order {
         let (now, wall) = (Instant::now(), SystemTime::now());
-        let best = self.best_head();
-        let mut over_budget = false;
-        let mut candidates: Vec<(u8, bool, f64, usize)> = Vec::new();
-        for (i, m) in self.members.iter().enumerate() {
-            if !m.filter.allows(method) {
-                continue;
-            }
-            let mut state = m.state();
-            if !state.breaker.would_allow(now) {
-                continue;
-            }
-            if head_bound && state.health.lag(best).is_some_and(|lag| lag > self.config.max_lag) {
-                continue;
-            }
-            if !state.within_budget(now, wall) {
-                over_budget = true;
-                continue;
-            }
-            let busy = m.slots.as_ref().is_some_and(|s| s.available_permits() == 0);
-            candidates.push((m.tier, busy, state.health.score(m.weight), i));
-        }
-        if candidates.is_empty() && over_budget {
-            return Order::OverBudget;
-        }
-        candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2)));
-        Order::Try(candidates.into_iter().map(|(_, _, _, i)| i).collect())
+        let hash = match &call.ctx.needs {
+            BlockNeed::Hash { hash, .. } => Some(hash.as_str()),
+            _ => None,
+        };
+        let views: Vec<MemberView> = self
+            .members
+            .iter()
+            .map(|m| {
+                let mut state = m.state();
+                MemberView {
+                    tier: m.tier,
+                    serves: m.filter.allows(call.method()),
+                    circuit_allows: state.breaker.would_allow(now),
+                    within_budget: state.within_budget(now, wall),
+                    busy: m.slots.as_ref().is_some_and(|s| s.available_permits() == 0),
+                    score: state.health.score(m.weight),
+                    head: state.health.head,
+                    has_hash: hash.is_some_and(|h| state.knows(h)),
+                }
+            })
+            .collect();
+        order(&call.ctx.needs, &views, self.config.max_lag)
     }
 
-    /// The deadline for one call of `method`.
-    fn timeout_for(&self, method: &str, member: &Member) -> Duration {
+    /// The deadline for one exchange carrying `method`.
+    fn timeout_for(&self, method: &str, member: &Member<N>) -> Duration {
         let by_method = self.config.method_timeouts.iter().find(|(pattern, _)| match pattern.strip_suffix('*') {
             Some(prefix) => method.starts_with(prefix),
             None => pattern == method,
         });
-        by_method.map_or_else(|| member.client.timeout(), |(_, t)| *t)
+        by_method.map_or_else(|| member.node.timeout(), |(_, t)| *t)
     }
 
-    /// Calls one member within its concurrency limit and budgets, updating its health,
-    /// latency window and circuit.
-    async fn call_member(&self, i: usize, req: &Request) -> Result<Answer, UpstreamError> {
+    /// One exchange with member `i`, within its concurrency limit and budgets, updating its
+    /// health, latency window and circuit. Calls the budgets cannot cover come back
+    /// [`UpstreamError::BudgetExhausted`] without being sent.
+    async fn exchange(&self, i: usize, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
         let member = &self.members[i];
         let _slot = match &member.slots {
-            Some(slots) => Some(slots.clone().acquire_owned().await.map_err(|_| UpstreamError::NoneAvailable)?),
+            Some(slots) => match slots.clone().acquire_owned().await {
+                Ok(permit) => Some(permit),
+                Err(_) => return vec![Err(UpstreamError::NoneAvailable); reqs.len()],
+            },
             None => None,
         };
-        if !member.state().spend(Instant::now(), SystemTime::now()) {
-            return Err(UpstreamError::BudgetExhausted);
-        }
-        member.state().health.in_flight += 1;
-        let in_flight = InFlight(member);
-        let started = Instant::now();
-        let result = member.client.call_within(req, self.timeout_for(&req.method, member)).await;
-        let healthy = match &result {
-            Ok(Answer { outcome: Outcome::Error(e), .. }) => judge_error(e) != Verdict::RetryElsewhere,
-            Ok(_) => true,
-            Err(_) => false,
-        };
-        drop(in_flight);
-        let mut state = member.state();
-        state.health.record(started.elapsed(), healthy);
-        if healthy {
-            state.recent.push(started.elapsed());
-            state.breaker.on_success();
-        } else {
-            state.breaker.on_failure(Instant::now());
-        }
-        result
-    }
-
-    /// The first attempt: `first`, hedged to `second` if it is slower than the hedge delay and
-    /// the hedge budget allows. The first good answer wins; the other call is cancelled.
-    /// Also says whether `second` was called.
-    async fn hedged(
-        &self,
-        first: usize,
-        second: Option<usize>,
-        req: &Request,
-    ) -> (Result<Answer, UpstreamError>, bool) {
-        self.hedges.lock().unwrap_or_else(|e| e.into_inner()).on_call();
-        let delay = self.config.hedge.delay(&self.members[first].state().recent);
-        let (Some(delay), Some(second)) = (delay, second) else { return (self.call_member(first, req).await, false) };
-        let primary = self.call_member(first, req);
-        tokio::pin!(primary);
-        tokio::select! {
-            result = &mut primary => return (result, false),
-            _ = tokio::time::sleep(delay) => {}
-        }
-        let allowed = self.hedges.lock().unwrap_or_else(|e| e.into_inner()).try_hedge()
-            && self.members[second].state().breaker.allow(Instant::now());
-        if !allowed {
-            return (primary.await, false);
-        }
-        metrics::counter!("sluice_pool_hedges_total").increment(1);
-        let backup = self.call_member(second, req);
-        tokio::pin!(backup);
-        let result = tokio::select! {
-            result = &mut primary => if good(&result) { result } else { backup.await },
-            result = &mut backup => {
-                if good(&result) {
-                    metrics::counter!("sluice_pool_hedge_wins_total").increment(1);
-                    result
-                } else {
-                    primary.await
-                }
+        let allowed = member.state().spend(reqs.len(), Instant::now(), SystemTime::now());
+        let (sent, refused) = reqs.split_at(allowed);
+        let mut results = Vec::with_capacity(reqs.len());
+        if !sent.is_empty() {
+            let timeout =
+                sent.iter().map(|r| self.timeout_for(&r.method, member)).max().unwrap_or_else(|| member.node.timeout());
+            member.state().health.in_flight += 1;
+            let in_flight = InFlight(member);
+            let started = Instant::now();
+            let answer = member.node.send(sent, timeout).await;
+            drop(in_flight);
+            let healthy = match &answer {
+                Ok(outcomes) => outcomes.iter().all(|o| match o {
+                    Ok(Outcome::Error(e)) => judge_error(e) != Verdict::RetryElsewhere,
+                    Ok(Outcome::Result(_)) => true,
+                    Err(_) => false,
+                }),
+                Err(UpstreamError::BatchRefused) => true,
+                Err(_) => false,
+            };
+            let mut state = member.state();
+            state.health.record(started.elapsed(), healthy);
+            if healthy {
+                state.recent.push(started.elapsed());
+                state.breaker.on_success();
+            } else {
+                state.breaker.on_failure(Instant::now());
             }
-        };
-        (result, true)
-    }
-
-    /// Sends a transaction to every available member; any acceptance (or "already known")
-    /// is success.
-    async fn broadcast(&self, req: &Request) -> Result<Answer, UpstreamError> {
-        let now = Instant::now();
-        let targets: Vec<usize> =
-            (0..self.members.len()).filter(|&i| self.members[i].state().breaker.would_allow(now)).collect();
-        let targets = if targets.is_empty() { (0..self.members.len()).collect() } else { targets };
-        let results = futures_util::future::join_all(targets.iter().map(|&i| self.call_member(i, req))).await;
-        let mut fallback: Option<Result<Answer, UpstreamError>> = None;
-        for result in results {
-            match result {
-                Ok(answer @ Answer { outcome: Outcome::Result(_), .. }) => return Ok(answer),
-                Ok(Answer { outcome: Outcome::Error(e), .. }) if is_already_known(&e) => {
-                    if let Some(hash) = tx_hash(req) {
-                        return Ok(Answer::upstream(Outcome::Result(hash)));
-                    }
-                    fallback = Some(Ok(Answer::upstream(Outcome::Error(e))));
-                }
-                Ok(answer) => {
-                    if !matches!(fallback, Some(Ok(_))) {
-                        fallback = Some(Ok(answer));
-                    }
-                }
-                Err(e) => {
-                    fallback.get_or_insert(Err(e));
-                }
+            drop(state);
+            match answer {
+                Ok(outcomes) if outcomes.len() == sent.len() => results.extend(outcomes),
+                Ok(_) => results.extend(sent.iter().map(|_| Err(UpstreamError::InvalidResponse("batch answer missing")))),
+                Err(e) => results.extend(sent.iter().map(|_| Err(e.clone()))),
             }
         }
-        fallback.unwrap_or(Err(UpstreamError::NoneAvailable))
+        results.extend(refused.iter().map(|_| Err(UpstreamError::BudgetExhausted)));
+        results
+    }
+
+    /// Notes what an answer taught about member `i`.
+    fn learn_from(&self, i: usize, call: &Call, outcome: &Result<Outcome, UpstreamError>) {
+        let mut state = self.members[i].state();
+        match (outcome, &call.ctx.needs) {
+            (Ok(Outcome::Result(_)), BlockNeed::Hash { hash, .. }) => state.learn(hash),
+            (Ok(Outcome::Error(e)), needs) if needs.is_specific() && is_missing_block(e) => {
+                state.missing_blocks += 1;
+                metrics::counter!("sluice_pool_missing_block_total", "upstream" => self.members[i].node.name().to_owned())
+                    .increment(1);
+            }
+            _ => {}
+        }
     }
 
     /// A JSON snapshot for `/status`.
@@ -348,7 +360,7 @@ impl Pool {
             .map(|m| {
                 let mut s = m.state();
                 serde_json::json!({
-                    "name": m.client.name(),
+                    "name": m.node.name(),
                     "tier": m.tier,
                     "weight": m.weight,
                     "circuit": s.breaker.state(now).as_str(),
@@ -360,6 +372,8 @@ impl Pool {
                     "score": s.health.score(m.weight).round(),
                     "rate_left": s.rate.as_mut().map(|r| r.left(now)),
                     "daily_quota_left": s.quota.as_mut().map(|q| q.left(SystemTime::now())),
+                    "missing_blocks": s.missing_blocks,
+                    "batch_limit": s.batch_limit,
                 })
             })
             .collect();
@@ -367,188 +381,23 @@ impl Pool {
     }
 }
 
-/// A result, or an error that is the request's own fault: an answer to return.
-fn good(result: &Result<Answer, UpstreamError>) -> bool {
-    match result {
-        Ok(Answer { outcome: Outcome::Result(_), .. }) => true,
-        Ok(Answer { outcome: Outcome::Error(e), .. }) => judge_error(e) == Verdict::Final,
-        Err(_) => false,
-    }
-}
-
-/// Methods whose answer depends on the head when no block is named.
-fn head_bound(req: &Request) -> bool {
-    let params = req.params_text();
-    if params.contains("\"latest\"")
-        || params.contains("\"pending\"")
-        || params.contains("\"safe\"")
-        || params.contains("\"finalized\"")
-    {
-        return true;
-    }
-    let count = serde_json::from_str::<Vec<&RawValue>>(params).map_or(0, |p| p.len());
-    match req.method.as_str() {
-        "eth_blockNumber"
-        | "eth_gasPrice"
-        | "eth_maxPriorityFeePerGas"
-        | "eth_blobBaseFee"
-        | "eth_syncing"
-        | "eth_estimateGas"
-        | "eth_getLogs" => true,
-        // The block parameter is optional and defaults to `latest`.
-        "eth_call" | "eth_getBalance" | "eth_getCode" | "eth_getTransactionCount" => count < 2,
-        "eth_getStorageAt" => count < 3,
-        _ => false,
-    }
-}
-
-/// keccak256 of the raw transaction bytes: its hash, for "already known" answers.
-fn tx_hash(req: &Request) -> Option<Box<RawValue>> {
-    use tiny_keccak::{Hasher, Keccak};
-    let (hex,): (String,) = serde_json::from_str(req.params_text()).ok()?;
-    let hex = hex.strip_prefix("0x")?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    let bytes: Vec<u8> =
-        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16)).collect::<Result<_, _>>().ok()?;
-    let mut keccak = Keccak::v256();
-    keccak.update(&bytes);
-    let mut hash = [0u8; 32];
-    keccak.finalize(&mut hash);
-    let text: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-    RawValue::from_string(format!("\"0x{text}\"")).ok()
-}
-
 #[async_trait]
-impl Upstreams for Pool {
-    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
-        if req.method == "eth_sendRawTransaction" {
-            return self.broadcast(req).await;
+impl<N: Node> Upstreams for Pool<N> {
+    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+        if call.method() == "eth_sendRawTransaction" {
+            return self.broadcast(&[call]).await.remove(0);
         }
-        let order = match self.order(&req.method, head_bound(req)) {
-            Order::Try(order) => order,
-            Order::OverBudget => return Err(UpstreamError::BudgetExhausted),
-        };
-        let deadline = tokio::time::Instant::now() + self.config.deadline;
-        let mut last: Option<Result<Answer, UpstreamError>> = None;
-        let mut tried = vec![false; self.members.len()];
-        let mut attempts = 0;
-        for (position, &i) in order.iter().enumerate() {
-            if attempts >= self.config.max_attempts {
-                break;
-            }
-            if tried[i] || !self.members[i].state().breaker.allow(Instant::now()) {
-                continue;
-            }
-            attempts += 1;
-            tried[i] = true;
-            let attempt = if attempts == 1 {
-                let second = order.get(position + 1).copied();
-                Either::Left(async move {
-                    let (result, used_second) = self.hedged(i, second, req).await;
-                    (result, used_second.then_some(second).flatten())
-                })
-            } else {
-                Either::Right(async move { (self.call_member(i, req).await, None) })
-            };
-            match tokio::time::timeout_at(deadline, attempt).await {
-                Err(_) => {
-                    last = Some(Err(UpstreamError::Timeout(self.config.deadline)));
-                    break;
-                }
-                Ok((result, hedged_to)) => {
-                    if let Some(j) = hedged_to {
-                        tried[j] = true; // already asked this call
-                    }
-                    if good(&result) {
-                        return result;
-                    }
-                    if result.is_err() {
-                        metrics::counter!("sluice_pool_retries_total").increment(1);
-                    }
-                    last = Some(result);
-                }
-            }
-        }
-        last.unwrap_or(Err(UpstreamError::NoneAvailable))
+        self.call_one(call).await
     }
 
-    fn status(&self) -> serde_json::Value {
-        Pool::status(self)
-    }
-}
-
-/// Reads every member's head each interval; doubles as the half-open probe.
-async fn probe(pool: Weak<Pool>) {
-    let interval = match pool.upgrade() {
-        Some(p) => p.config.probe_interval,
-        None => return,
-    };
-    let mut tick = tokio::time::interval(interval);
-    loop {
-        tick.tick().await;
-        let Some(pool) = pool.upgrade() else { return };
-        let request = Request::new(Some(Id::number(1)), "eth_blockNumber", None);
-        let probes = (0..pool.members.len()).map(|i| {
-            let pool = pool.clone();
-            let request = request.clone();
-            async move {
-                let member = &pool.members[i];
-                // A member with a daily quota is probed only to close its circuit: probes
-                // would otherwise spend the provider's quota.
-                let quota = member.state().quota.is_some();
-                if quota && member.state().breaker.state(Instant::now()) == Circuit::Closed {
-                    return;
-                }
-                let allowed = member.state().breaker.allow(Instant::now());
-                if !allowed {
-                    return;
-                }
-                let head = match pool.call_member(i, &request).await {
-                    Ok(Answer { outcome: Outcome::Result(raw), .. }) => serde_json::from_str::<String>(raw.get())
-                        .ok()
-                        .and_then(|h| u64::from_str_radix(h.trim_start_matches("0x"), 16).ok()),
-                    _ => None,
-                };
-                if head.is_some() {
-                    member.state().health.head = head;
-                }
-                let name = member.client.name().to_owned();
-                let circuit = member.state().breaker.state(Instant::now());
-                metrics::gauge!("sluice_upstream_circuit_open", "upstream" => name.clone())
-                    .set((circuit != Circuit::Closed) as u8 as f64);
-                if let Some(head) = head {
-                    metrics::gauge!("sluice_upstream_head", "upstream" => name).set(head as f64);
-                }
-            }
-        });
-        futures_util::future::join_all(probes).await;
+    async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+        match calls.len() {
+            0 => Vec::new(),
+            1 => vec![self.call(calls[0]).await],
+            _ => self.call_many(calls).await,
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn req(method: &str, params: &str) -> Request {
-        Request::new(Some(Id::number(1)), method, RawValue::from_string(params.into()).ok())
-    }
-
-    #[test]
-    fn head_bound_reads_are_recognised() {
-        assert!(head_bound(&req("eth_getBalance", r#"["0x1","latest"]"#)));
-        assert!(head_bound(&req("eth_getBalance", r#"["0x1"]"#)));
-        assert!(head_bound(&req("eth_blockNumber", "[]")));
-        assert!(!head_bound(&req("eth_getBalance", r#"["0x1","0x10"]"#)));
-        assert!(!head_bound(&req("eth_getBlockByHash", r#"["0xab",false]"#)));
-    }
-
-    #[test]
-    fn transaction_hash_is_keccak_of_the_raw_bytes() {
-        // keccak256 of the empty input.
-        let hash = tx_hash(&req("eth_sendRawTransaction", r#"["0x"]"#)).unwrap();
-        assert_eq!(hash.get(), "\"0xc5d2460186f7233c927e7db2dcc703c0e500b653ca82273b7bfad8045d85a470\"");
-        assert!(tx_hash(&req("eth_sendRawTransaction", r#"["0xabc"]"#)).is_none());
-    }
-}
+mod tests;

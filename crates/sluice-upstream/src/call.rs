@@ -1,0 +1,115 @@
+//! A call and its context: what every layer of the request path reads and extends.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_chain::BlockNeed;
+use sluice_jsonrpc::{Id, RawValue, Request};
+
+/// One JSON-RPC call on its way through the pipeline: exactly what the caller sent, plus what
+/// the edge and the layers above learned about it. Layers read the context and add to it
+/// (the cache narrows `needs` when it pins a block); nobody re-parses params to guess.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The call. Only a block position the caller sent may be pinned, by the cache.
+    pub req: Request,
+    /// What is known about it.
+    pub ctx: CallCtx,
+}
+
+/// The context of a [`Call`].
+#[derive(Debug, Clone)]
+pub struct CallCtx {
+    /// The network it is for (one per sluice for now).
+    pub network: Arc<str>,
+    /// The caller's tier, with access control on.
+    pub tier: Option<Arc<str>>,
+    /// 0 is the highest; internal work (mempool, head watcher) runs at 0.
+    pub priority: u8,
+    /// When the caller stops waiting; `None`: the pool's own deadline.
+    pub deadline: Option<Instant>,
+    /// The block the call needs a node to have, resolved once from the params.
+    pub needs: BlockNeed,
+    /// Where it comes from: a client, or sluice itself.
+    pub origin: Origin,
+}
+
+/// Who makes a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A client of the gateway.
+    Client,
+    /// sluice itself: the head watcher, the mempool's state reads and relay, probes.
+    Internal,
+}
+
+/// The network of a single-network sluice.
+pub const DEFAULT_NETWORK: &str = "default";
+
+impl Call {
+    /// A client's call, its block need read from its params.
+    pub fn new(req: Request) -> Self {
+        let needs = BlockNeed::of(&req.method, req.params_text());
+        Self {
+            req,
+            ctx: CallCtx {
+                network: Arc::from(DEFAULT_NETWORK),
+                tier: None,
+                priority: 0,
+                deadline: None,
+                needs,
+                origin: Origin::Client,
+            },
+        }
+    }
+
+    /// A call sluice makes itself (`params` as JSON text, `None` for none).
+    pub fn internal(method: &str, params: Option<&str>) -> Self {
+        let params = params.and_then(|p| RawValue::from_string(p.to_owned()).ok());
+        let mut call = Self::new(Request::new(Some(Id::number(1)), method, params));
+        call.ctx.origin = Origin::Internal;
+        call
+    }
+
+    /// An internal call from a request already built.
+    pub fn internal_request(req: Request) -> Self {
+        let mut call = Self::new(req);
+        call.ctx.origin = Origin::Internal;
+        call
+    }
+
+    /// The same call with other params and need (a pinned block), same context otherwise.
+    pub fn with_params(&self, params: Box<RawValue>, needs: BlockNeed) -> Self {
+        let req = Request::new(self.req.id.clone(), self.req.method.clone(), Some(params));
+        Self { req, ctx: CallCtx { needs, ..self.ctx.clone() } }
+    }
+
+    /// The method name.
+    pub fn method(&self) -> &str {
+        &self.req.method
+    }
+}
+
+impl From<Request> for Call {
+    fn from(req: Request) -> Self {
+        Call::new(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_need_is_read_once_and_narrowed_by_layers() {
+        let call = Call::internal("eth_getBalance", Some(r#"["0x0000000000000000000000000000000000000001"]"#));
+        assert_eq!(call.ctx.needs, BlockNeed::Head);
+        assert_eq!(call.ctx.origin, Origin::Internal);
+        let pinned = call.with_params(
+            RawValue::from_string(r#"["0x0000000000000000000000000000000000000001","0x5"]"#.into()).unwrap(),
+            BlockNeed::Number(5),
+        );
+        assert_eq!((pinned.ctx.needs, pinned.ctx.origin), (BlockNeed::Number(5), Origin::Internal));
+        assert_eq!(pinned.req.method, "eth_getBalance");
+    }
+}

@@ -1,0 +1,225 @@
+//! Failover for one call: which member next, and when to stop.
+//!
+//! [`Attempts`] is pure bookkeeping, shared by single calls and by each element of a batch.
+
+use std::time::Instant;
+
+use sluice_chain::BlockNeed;
+use sluice_jsonrpc::Outcome;
+
+use super::classify::{is_missing_block, judge_error, Verdict};
+use super::{Node, Order, Pool};
+use crate::{Answer, Call, UpstreamError};
+
+/// What one answer from a member means for the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Return it.
+    Done,
+    /// Node trouble: another member, or this one again if it is the only one left.
+    Retry,
+    /// This member cannot serve it (no such method, over budget, circuit open): another member.
+    Another,
+    /// This member lacks the block the call needs: another member; returned only when no
+    /// member can give a better answer.
+    Missing,
+}
+
+/// Judges one outcome for a call that needs `needs`.
+pub(super) fn judge(outcome: &Result<Outcome, UpstreamError>, needs: &BlockNeed) -> Step {
+    match outcome {
+        Ok(Outcome::Result(_)) => Step::Done,
+        Ok(Outcome::Error(e)) if needs.is_specific() && is_missing_block(e) => Step::Missing,
+        Ok(Outcome::Error(e)) => match judge_error(e) {
+            Verdict::Final => Step::Done,
+            Verdict::RetryElsewhere => Step::Retry,
+            Verdict::TryAnother => Step::Another,
+        },
+        Err(UpstreamError::BudgetExhausted | UpstreamError::NoneAvailable) => Step::Another,
+        Err(_) => Step::Retry,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tried {
+    No,
+    /// Failed with node trouble: may be tried again while attempts remain.
+    Again,
+    /// Not again for this call.
+    Never,
+}
+
+/// The failover state of one call.
+pub(super) struct Attempts {
+    order: Vec<usize>,
+    tried: Vec<Tried>,
+    made: usize,
+    max: usize,
+    /// The last answer that was not "missing block" (node trouble, its error answer).
+    last: Option<Result<Answer, UpstreamError>>,
+    /// The last "missing block" answer.
+    missing: Option<Answer>,
+}
+
+impl Attempts {
+    pub(super) fn new(order: Order, members: usize, max: usize) -> Self {
+        let (order, last) = match order {
+            Order::Try(order) => (order, None),
+            Order::OverBudget => (Vec::new(), Some(Err(UpstreamError::BudgetExhausted))),
+        };
+        Self { order, tried: vec![Tried::No; members], made: 0, max: max.max(1), last, missing: None }
+    }
+
+    /// The member to try next, if any: untried members in order, then members that failed
+    /// with node trouble (with one member, retries go to it again).
+    pub(super) fn next(&mut self) -> Option<usize> {
+        if self.made >= self.max {
+            return None;
+        }
+        let pick = self
+            .order
+            .iter()
+            .copied()
+            .find(|&i| self.tried[i] == Tried::No)
+            // Then members that had trouble: they may have the block that others lack.
+            .or_else(|| self.order.iter().copied().find(|&i| self.tried[i] == Tried::Again))?;
+        self.made += 1;
+        self.tried[pick] = Tried::Never;
+        Some(pick)
+    }
+
+    /// The member after `i` in the order that has not been tried (the hedge target).
+    pub(super) fn peek_after_next(&self) -> Option<usize> {
+        self.order.iter().copied().find(|&i| self.tried[i] == Tried::No)
+    }
+
+    /// Marks `i` as asked by a hedge.
+    pub(super) fn mark(&mut self, i: usize) {
+        self.tried[i] = Tried::Never;
+        self.made += 1;
+    }
+
+    /// Records member `i`'s answer; `Some` when the call is answered.
+    pub(super) fn record(
+        &mut self,
+        i: usize,
+        outcome: Result<Outcome, UpstreamError>,
+        needs: &BlockNeed,
+    ) -> Option<Result<Answer, UpstreamError>> {
+        match judge(&outcome, needs) {
+            Step::Done => return Some(outcome.map(Answer::upstream)),
+            Step::Retry => {
+                self.tried[i] = Tried::Again;
+                metrics::counter!("sluice_pool_retries_total").increment(1);
+                self.last = Some(outcome.map(Answer::upstream));
+            }
+            Step::Another => {
+                // Keep the more telling of "over budget" and an earlier failure.
+                if self.last.is_none() || matches!(outcome, Err(UpstreamError::BudgetExhausted)) {
+                    self.last = Some(outcome.map(Answer::upstream));
+                }
+            }
+            Step::Missing => {
+                metrics::counter!("sluice_pool_missing_block_retries_total").increment(1);
+                if let Ok(outcome) = outcome {
+                    self.missing = Some(Answer::upstream(outcome));
+                }
+                // Members that failed for other reasons get another chance before this
+                // answer is given: they may well have the block.
+            }
+        }
+        None
+    }
+
+    /// The answer when no member gave a final one: a node-trouble error if any member had
+    /// trouble (the block may exist there), else "missing block" (every member said so: it is
+    /// the truth), else why no member could be asked.
+    pub(super) fn finish(&mut self) -> Result<Answer, UpstreamError> {
+        match (self.last.take(), self.missing.take()) {
+            (Some(Err(e)), _) if !matches!(e, UpstreamError::BudgetExhausted | UpstreamError::NoneAvailable) => Err(e),
+            (_, Some(missing)) => Ok(missing),
+            (Some(last), None) => last,
+            (None, None) => Err(UpstreamError::NoneAvailable),
+        }
+    }
+}
+
+impl<N: Node> Pool<N> {
+    /// One call (not a transaction): ordered, hedged on its first attempt, failed over.
+    pub(super) async fn call_one(&self, call: &Call) -> Result<Answer, UpstreamError> {
+        let mut attempts = Attempts::new(self.order_for(call), self.members.len(), self.config.max_attempts);
+        let deadline = self.deadline(call);
+        let mut first = true;
+        while let Some(i) = attempts.next() {
+            if !self.members[i].state().breaker.allow(Instant::now()) {
+                attempts.record(i, Err(UpstreamError::NoneAvailable), &call.ctx.needs);
+                continue;
+            }
+            let hedge_to = if first { attempts.peek_after_next() } else { None };
+            first = false;
+            let attempt = self.hedged(i, hedge_to, call);
+            let (outcome, answered_by, hedged) = match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(done) => done,
+                Err(_) => return Err(UpstreamError::Timeout(self.config.deadline)),
+            };
+            if let Some(j) = hedged {
+                attempts.mark(j); // already asked this call
+            }
+            self.learn_from(answered_by, call, &outcome);
+            if let Some(answer) = attempts.record(answered_by, outcome, &call.ctx.needs) {
+                return answer;
+            }
+        }
+        attempts.finish()
+    }
+
+    /// When a call must be answered by: its caller's deadline or the pool's, the sooner.
+    pub(super) fn deadline(&self, call: &Call) -> tokio::time::Instant {
+        let own = Instant::now() + self.config.deadline;
+        let at = call.ctx.deadline.map_or(own, |d| d.min(own));
+        tokio::time::Instant::from_std(at)
+    }
+
+    /// One attempt on `first`, hedged to `second` if it is slower than the hedge delay and the
+    /// hedge budget allows. The first good answer wins; the other call is cancelled. Gives the
+    /// outcome, the member that gave it, and the hedge target if it was asked.
+    async fn hedged(
+        &self,
+        first: usize,
+        second: Option<usize>,
+        call: &Call,
+    ) -> (Result<Outcome, UpstreamError>, usize, Option<usize>) {
+        let one = |i: usize| async move { self.exchange(i, &[&call.req]).await.remove(0) };
+        self.hedges.lock().unwrap_or_else(|e| e.into_inner()).on_call();
+        let delay = self.config.hedge.delay(&self.members[first].state().recent);
+        let (Some(delay), Some(second)) = (delay, second) else { return (one(first).await, first, None) };
+        let primary = one(first);
+        tokio::pin!(primary);
+        tokio::select! {
+            result = &mut primary => return (result, first, None),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        let allowed = self.hedges.lock().unwrap_or_else(|e| e.into_inner()).try_hedge()
+            && self.members[second].state().breaker.allow(Instant::now());
+        if !allowed {
+            return (primary.await, first, None);
+        }
+        metrics::counter!("sluice_pool_hedges_total").increment(1);
+        let backup = one(second);
+        tokio::pin!(backup);
+        let good = |o: &Result<Outcome, UpstreamError>| judge(o, &call.ctx.needs) == Step::Done;
+        tokio::select! {
+            result = &mut primary => {
+                if good(&result) { (result, first, Some(second)) } else { (backup.await, second, Some(second)) }
+            }
+            result = &mut backup => {
+                if good(&result) {
+                    metrics::counter!("sluice_pool_hedge_wins_total").increment(1);
+                    (result, second, Some(second))
+                } else {
+                    (primary.await, first, Some(second))
+                }
+            }
+        }
+    }
+}
