@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::value::RawValue;
 use sluice_jsonrpc::{Id, Outcome, Request};
-use sluice_upstream::{HttpUpstream, HttpUpstreamConfig, Upstreams};
+use sluice_upstream::{HttpUpstream, HttpUpstreamConfig};
 
 use crate::run::{self, Plan};
 use crate::schedule::Model;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_jsonrpc::{Id, Outcome, RawValue, Request};
-use sluice_upstream::{HttpUpstream, HttpUpstreamConfig, UpstreamError, UpstreamSocket, Upstreams};
+use sluice_upstream::{HttpUpstream, HttpUpstreamConfig, UpstreamError, UpstreamSocket};
 use tokio::sync::Semaphore;
 
 use crate::mix::Mix;

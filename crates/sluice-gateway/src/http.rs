@@ -13,11 +13,12 @@ use axum::Router;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use sluice_jsonrpc::{codes, ErrorObject, Request};
+use sluice_jsonrpc::{codes, ErrorObject};
+use sluice_upstream::Call;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::pipeline::Reply;
+use crate::pipeline::{Edge, Refused, Reply};
 use crate::telemetry::InFlight;
 use crate::{ws, Gateway};
 
@@ -67,7 +68,7 @@ fn identify(
     key: Option<String>,
     headers: &HeaderMap,
 ) -> Result<Option<sluice_access::Caller>, Box<Response>> {
-    let Some(control) = &state.gateway.access else { return Ok(None) };
+    let Some(control) = state.gateway.access() else { return Ok(None) };
     let key = api_key(key, headers);
     control.access.identify(key.as_deref()).map(Some).map_err(|refusal| {
         metrics::counter!("sluice_access_refused_total", "tier" => "", "why" => "unauthorized").increment(1);
@@ -94,22 +95,12 @@ async fn serve_rpc(state: AppState, key: Option<String>, headers: HeaderMap, bod
         Ok(caller) => caller,
         Err(refusal) => return *refusal,
     };
-    let priority = match (&state.gateway.access, &caller) {
-        (Some(control), Some(caller)) => control.access.tier(caller).map_or(0, |t| t.priority),
-        _ => 0,
-    };
-    let Some(_admitted) = state.gateway.admit(priority) else {
-        metrics::counter!("sluice_requests_shed_total", "priority" => priority.to_string()).increment(1);
-        let e = ErrorObject::new(codes::LIMIT_EXCEEDED, "server busy: too many requests in flight; retry shortly");
-        let mut response = respond(StatusCode::TOO_MANY_REQUESTS, Reply::local_error(e), &request_id(&headers));
-        response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
-    };
     let _in_flight = InFlight::start("http");
     let id = request_id(&headers);
     let span = tracing::debug_span!("rpc", request_id = %id);
     let limits = &state.gateway.limits;
     let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    // The body is read before admission: a slow sender holds no place among those answered.
     let bytes = if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
         Err(too_large(limits.max_body_bytes))
     } else {
@@ -117,19 +108,17 @@ async fn serve_rpc(state: AppState, key: Option<String>, headers: HeaderMap, bod
     };
     let (status, reply) = match bytes {
         Ok(bytes) => {
-            let who = match (&state.gateway.access, &caller) {
-                (Some(control), Some(caller)) => {
-                    control.policy_of(caller).map(|policy| crate::Who { access: &control.access, caller, policy })
-                }
-                _ => None,
-            };
-            let reply = state.gateway.pipeline.handle_as(&bytes, who.as_ref()).instrument(span).await;
+            let edge = Edge { caller: caller.as_ref() };
+            let reply = state.gateway.pipeline.handle(&bytes, edge).instrument(span).await;
             (refusal_status(&reply), reply)
         }
         Err(refusal) => refusal,
     };
-    let retry_after = match &reply.refusal {
-        Some(sluice_access::Refusal::OverQuota { retry_after, .. }) => Some(retry_after.as_secs().max(1)),
+    let retry_after = match &reply.refused {
+        Some(Refused::Access(sluice_access::Refusal::OverQuota { retry_after, .. })) => {
+            Some(retry_after.as_secs().max(1))
+        }
+        Some(Refused::Busy) => Some(1),
         _ => None,
     };
     let mut response = respond(status, reply, &id);
@@ -142,11 +131,12 @@ async fn serve_rpc(state: AppState, key: Option<String>, headers: HeaderMap, bod
 }
 
 fn refusal_status(reply: &Reply) -> StatusCode {
-    match &reply.refusal {
+    match &reply.refused {
         None => StatusCode::OK,
-        Some(sluice_access::Refusal::OverQuota { .. }) => StatusCode::TOO_MANY_REQUESTS,
-        Some(sluice_access::Refusal::Unavailable) => StatusCode::SERVICE_UNAVAILABLE,
-        Some(sluice_access::Refusal::Unauthorized(_)) => StatusCode::UNAUTHORIZED,
+        Some(Refused::Busy) => StatusCode::TOO_MANY_REQUESTS,
+        Some(Refused::Access(sluice_access::Refusal::OverQuota { .. })) => StatusCode::TOO_MANY_REQUESTS,
+        Some(Refused::Access(sluice_access::Refusal::Unavailable)) => StatusCode::SERVICE_UNAVAILABLE,
+        Some(Refused::Access(sluice_access::Refusal::Unauthorized(_))) => StatusCode::UNAUTHORIZED,
     }
 }
 
@@ -212,7 +202,7 @@ async fn serve_upgrade(
     let Ok(ws) = ws else {
         return (StatusCode::METHOD_NOT_ALLOWED, "POST JSON-RPC here, or open a WebSocket\n").into_response();
     };
-    let slot = match (&state.gateway.access, &caller) {
+    let slot = match (state.gateway.access(), &caller) {
         (Some(control), Some(caller)) => match control.open_session(caller) {
             Ok(slot) => Some(slot),
             Err(why) => return (StatusCode::TOO_MANY_REQUESTS, format!("{why}\n")).into_response(),
@@ -232,21 +222,16 @@ async fn serve_upgrade(
 
 /// Ready when an upstream answers `eth_chainId` within two seconds.
 async fn ready(State(state): State<AppState>) -> Response {
-    let probe = Request::new(Some(sluice_jsonrpc::Id::number(1)), "eth_chainId", None);
-    let upstreams = state.gateway.pipeline.upstreams();
-    match tokio::time::timeout(Duration::from_secs(2), upstreams.call(&probe)).await {
+    let probe = Call::internal("eth_chainId", None);
+    match tokio::time::timeout(Duration::from_secs(2), state.gateway.readiness.call(&probe)).await {
         Ok(Ok(answer)) if !answer.outcome.is_error() => (StatusCode::OK, "ready\n").into_response(),
         _ => (StatusCode::SERVICE_UNAVAILABLE, "no upstream answers\n").into_response(),
     }
 }
 
-/// Upstream health as JSON (the pool's members, the cache), for operators.
+/// What components report (the pool's members, the mempool, ingress, mesh), for operators.
 async fn status(State(state): State<AppState>) -> Response {
-    let body = match state.gateway.pipeline.upstreams().status() {
-        serde_json::Value::Null => serde_json::json!({ "upstreams": [] }),
-        status => status,
-    };
-    ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    ([(CONTENT_TYPE, "application/json")], state.gateway.status.render().to_string()).into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

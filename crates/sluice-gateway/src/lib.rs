@@ -3,8 +3,12 @@
 //! Read the request path top to bottom:
 //! 1. [`server`] accepts connections (bounded), applies client timeouts and drains on shutdown;
 //! 2. [`http`] reads a bounded body, or upgrades to a WebSocket session in [`ws`];
-//! 3. [`pipeline`] parses the body, asks [`route`] what to do with each call, makes the upstream
-//!    calls (a batch's pass-through calls as one upstream batch) and assembles the answer.
+//! 3. [`pipeline`] is the one path for HTTP bodies and WebSocket messages: admission, access and
+//!    quotas, method policy, then calls with their context down the layers, a batch's calls
+//!    together.
+//!
+//! The [`Gateway`] is assembled once by [`GatewayBuilder`]; `/status` reads a [`StatusBoard`]
+//! that components report to, not the call path.
 //!
 //! Decisions live in pure code ([`route`], `sluice-jsonrpc`); sockets live here at the edge.
 
@@ -21,7 +25,7 @@ use std::time::Duration;
 
 use sluice_upstream::Upstreams;
 
-pub use pipeline::{Pipeline, Reply, ServedBy, Who};
+pub use pipeline::{admission_limit, Admitted, Edge, Pipeline, Refused, Reply, ServedBy};
 pub use server::serve;
 
 /// Limits that keep memory and time bounded whatever clients send.
@@ -70,9 +74,9 @@ pub trait LocalFeeds: Send + Sync + 'static {
     fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream>;
 }
 
-/// Everything a request handler needs, shared by all connections.
+/// Everything a request handler needs, shared by all connections. Built by [`GatewayBuilder`].
 pub struct Gateway {
-    /// The request pipeline.
+    /// The request pipeline (HTTP and WebSocket alike).
     pub pipeline: Pipeline,
     /// Where `eth_subscribe` goes: the upstream's `ws://` URL, if it has one.
     pub subscription_url: Option<String>,
@@ -87,37 +91,146 @@ pub struct Gateway {
     pub sessions: Arc<tokio::sync::Semaphore>,
     /// Subscriptions answered locally, checked before going upstream.
     pub local_feeds: Option<Arc<dyn LocalFeeds>>,
-    /// API keys, tiers and quotas; `None`: everyone may call, without limits.
-    pub access: Option<AccessControl>,
-    /// HTTP requests being answered now (load shedding).
-    pub in_flight: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-/// One admitted request; leaving releases its place.
-pub struct Admitted(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
-}
-
-/// How many requests a caller of `priority` may find in flight and still be admitted. Pure.
-pub fn admission_limit(max_in_flight: usize, priority: u8) -> usize {
-    max_in_flight * (10 - usize::from(priority.min(9))) / 10
+    /// What `/status` shows.
+    pub status: StatusBoard,
+    /// What `/ready` asks (the upstream pool, below every cache).
+    pub readiness: Arc<dyn Upstreams>,
 }
 
 impl Gateway {
-    /// Admits one request of `priority` (0 highest), or `None` when the gateway is too busy for it.
-    pub fn admit(&self, priority: u8) -> Option<Admitted> {
-        let limit = admission_limit(self.limits.max_in_flight, priority);
-        let counter = &self.in_flight;
-        counter
-            .fetch_update(std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Admitted(counter.clone()))
+    /// Access control, when on.
+    pub fn access(&self) -> Option<&AccessControl> {
+        self.pipeline.access()
+    }
+}
+
+/// Assembles a [`Gateway`] once; nothing can be added after it is shared.
+pub struct GatewayBuilder {
+    upstreams: Arc<dyn Upstreams>,
+    limits: Limits,
+    policy: policy::MethodPolicy,
+    access: Option<(sluice_access::Access, Vec<(String, Vec<String>, Vec<String>)>)>,
+    local_feeds: Option<Arc<dyn LocalFeeds>>,
+    subscription_url: Option<String>,
+    upstream_timeout: Duration,
+    status: StatusBoard,
+    readiness: Option<Arc<dyn Upstreams>>,
+}
+
+impl GatewayBuilder {
+    /// A gateway answering through `upstreams` within `limits`; node-key and admin methods are
+    /// denied (see [`policy::MethodPolicy::default`]).
+    pub fn new(upstreams: Arc<dyn Upstreams>, limits: Limits) -> Self {
+        Self {
+            upstreams,
+            limits,
+            policy: policy::MethodPolicy::default(),
+            access: None,
+            local_feeds: None,
+            subscription_url: None,
+            upstream_timeout: Duration::from_secs(30),
+            status: StatusBoard::default(),
+            readiness: None,
+        }
+    }
+
+    /// The method policy for everyone.
+    pub fn method_policy(mut self, policy: policy::MethodPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// API keys, tiers and quotas; `tiers` gives each tier's own method lists (deny, allow),
+    /// added to the global policy.
+    pub fn access(mut self, access: sluice_access::Access, tiers: Vec<(String, Vec<String>, Vec<String>)>) -> Self {
+        self.access = Some((access, tiers));
+        self
+    }
+
+    /// Subscriptions sluice serves itself.
+    pub fn local_feeds(mut self, feeds: Arc<dyn LocalFeeds>) -> Self {
+        self.local_feeds = Some(feeds);
+        self
+    }
+
+    /// Where relayed subscriptions go, and the deadline for that socket.
+    pub fn subscriptions(mut self, url: Option<String>, timeout: Duration) -> Self {
+        self.subscription_url = url;
+        self.upstream_timeout = timeout;
+        self
+    }
+
+    /// What `/status` shows.
+    pub fn status(mut self, status: StatusBoard) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// What `/ready` asks for the chain id (default: the upstreams the pipeline calls).
+    pub fn readiness(mut self, upstreams: Arc<dyn Upstreams>) -> Self {
+        self.readiness = Some(upstreams);
+        self
+    }
+
+    /// The gateway.
+    pub fn build(self) -> Arc<Gateway> {
+        let access = self.access.map(|(access, tiers)| {
+            let policies =
+                tiers.iter().map(|(name, deny, allow)| (name.clone(), self.policy.with(deny, allow))).collect();
+            AccessControl { access, policies, usage: Default::default() }
+        });
+        let readiness = self.readiness.unwrap_or_else(|| self.upstreams.clone());
+        let pipeline = Pipeline::new(
+            self.upstreams,
+            self.limits.max_batch_len,
+            self.limits.max_in_flight,
+            self.policy,
+            access,
+        );
+        Arc::new(Gateway {
+            pipeline,
+            sessions: Arc::new(tokio::sync::Semaphore::new(self.limits.max_connections)),
+            subscription_url: self.subscription_url,
+            upstream_timeout: self.upstream_timeout,
+            limits: self.limits,
+            metrics: telemetry::prometheus(),
+            local_feeds: self.local_feeds,
+            status: self.status,
+            readiness,
+        })
+    }
+}
+
+/// A component's part of `/status`.
+pub type StatusSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// What `/status` shows: each component reports under its own name; a source named `""` has
+/// its fields at the top level (the upstream pool's `best_head` and `upstreams`).
+#[derive(Clone, Default)]
+pub struct StatusBoard {
+    sources: Vec<(String, StatusSource)>,
+}
+
+impl StatusBoard {
+    /// Adds a component's report under `name`.
+    pub fn add(&mut self, name: &str, source: StatusSource) {
+        self.sources.push((name.to_owned(), source));
+    }
+
+    /// The whole report.
+    pub fn render(&self) -> serde_json::Value {
+        let mut map = serde_json::Map::new();
+        map.insert("upstreams".into(), serde_json::Value::Array(Vec::new()));
+        for (name, source) in &self.sources {
+            match (name.as_str(), source()) {
+                ("", serde_json::Value::Object(fields)) => map.extend(fields),
+                ("", _) => {}
+                (name, value) => {
+                    map.insert(name.to_owned(), value);
+                }
+            }
+        }
+        serde_json::Value::Object(map)
     }
 }
 
@@ -197,82 +310,19 @@ impl AccessControl {
     }
 }
 
-impl Gateway {
-    /// Builds the shared state from its parts.
-    pub fn new(
-        upstreams: Arc<dyn Upstreams>,
-        subscription_url: Option<String>,
-        upstream_timeout: Duration,
-        limits: Limits,
-    ) -> Arc<Self> {
-        Arc::new(Self {
-            pipeline: Pipeline::new(upstreams, limits.max_batch_len),
-            sessions: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
-            subscription_url,
-            upstream_timeout,
-            limits,
-            metrics: telemetry::prometheus(),
-            local_feeds: None,
-            access: None,
-            in_flight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        })
-    }
-
-    /// The same gateway, with API keys, tiers and quotas; `tiers` gives each tier's own
-    /// method lists (deny, allow), added to the gateway's policy.
-    pub fn with_access(
-        self: Arc<Self>,
-        access: sluice_access::Access,
-        tiers: &[(String, Vec<String>, Vec<String>)],
-    ) -> Arc<Self> {
-        match Arc::try_unwrap(self) {
-            Ok(mut gateway) => {
-                let global = gateway.pipeline.policy().clone();
-                let policies =
-                    tiers.iter().map(|(name, deny, allow)| (name.clone(), global.with(deny, allow))).collect();
-                gateway.access = Some(AccessControl { access, policies, usage: Default::default() });
-                Arc::new(gateway)
-            }
-            Err(shared) => shared,
-        }
-    }
-
-    /// The same gateway, with another method policy.
-    pub fn with_method_policy(self: Arc<Self>, policy: policy::MethodPolicy) -> Arc<Self> {
-        match Arc::try_unwrap(self) {
-            Ok(mut gateway) => {
-                let limits = gateway.limits.max_batch_len;
-                let upstreams = gateway.pipeline.upstreams().clone();
-                gateway.pipeline = Pipeline::new(upstreams, limits).with_policy(policy);
-                Arc::new(gateway)
-            }
-            Err(shared) => shared,
-        }
-    }
-
-    /// The same gateway, with locally served subscriptions.
-    pub fn with_local_feeds(self: Arc<Self>, feeds: Arc<dyn LocalFeeds>) -> Arc<Self> {
-        match Arc::try_unwrap(self) {
-            Ok(mut gateway) => {
-                gateway.local_feeds = Some(feeds);
-                Arc::new(gateway)
-            }
-            Err(shared) => shared,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn lower_priorities_get_a_smaller_share_of_the_capacity() {
-        assert_eq!(admission_limit(100, 0), 100);
-        assert_eq!(admission_limit(100, 1), 90);
-        assert_eq!(admission_limit(100, 5), 50);
-        assert_eq!(admission_limit(100, 9), 10);
-        assert_eq!(admission_limit(100, 200), 10, "clamped at 9");
-        assert_eq!(admission_limit(4, 0), 4);
+    fn status_sources_report_under_their_names() {
+        let mut board = StatusBoard::default();
+        assert_eq!(board.render(), serde_json::json!({ "upstreams": [] }));
+        board.add("", Arc::new(|| serde_json::json!({ "best_head": 5, "upstreams": [1] })));
+        board.add("mempool", Arc::new(|| serde_json::json!({ "pending": 0 })));
+        assert_eq!(
+            board.render(),
+            serde_json::json!({ "best_head": 5, "upstreams": [1], "mempool": { "pending": 0 } })
+        );
     }
 }

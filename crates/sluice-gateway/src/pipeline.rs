@@ -1,17 +1,29 @@
-//! The request pipeline: parse, route each call, call upstream, assemble the answer.
+//! The request pipeline, one for HTTP and WebSocket, built once. Read top to bottom:
+//!
+//! 1. parse the body (single, batch, notifications; per-element errors);
+//! 2. **admission**: a place among `max_in_flight` bodies being answered (lower tiers shed
+//!    first), taken only once the body is in, so slow senders hold no place;
+//! 3. **access and quotas**: the body's cost charged to the caller;
+//! 4. **method policy** per call (node-key and admin methods never forwarded) and routing
+//!    (subscriptions need a socket);
+//! 5. each call becomes a [`Call`] with its context (tier, priority, the block it needs) and goes
+//!    down the layers built in `sluice serve`: mempool methods → `eth_getLogs` splitting →
+//!    cache → coalescing → the upstream pool; a batch's calls go down together;
+//! 6. the answers are assembled in order with the caller's ids.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use sluice_access::{Caller, Refusal};
 use sluice_jsonrpc::{
     codes, parse_body, write_responses, ErrorObject, Id, Incoming, Invalid, Outcome, Request, Response,
 };
-use sluice_upstream::{Answer, Source, UpstreamError, Upstreams};
-
-use sluice_access::{Access, Caller, Refusal};
+use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 
 use crate::policy::MethodPolicy;
 use crate::route::{route, Route};
 use crate::telemetry;
+use crate::AccessControl;
 
 /// What answered a request, reported in the `x-sluice-served-by` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +55,15 @@ impl ServedBy {
     }
 }
 
+/// Why a whole body was refused before its calls ran.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refused {
+    /// Too many bodies in flight for the caller's priority: 429, `Retry-After: 1`.
+    Busy,
+    /// Access control: no or unknown key (401), over quota (429), quota store down (503).
+    Access(Refusal),
+}
+
 /// The answer to one body.
 #[derive(Debug)]
 pub struct Reply {
@@ -50,53 +71,67 @@ pub struct Reply {
     pub body: Option<Vec<u8>>,
     /// What produced it.
     pub served_by: ServedBy,
-    /// Access control refused the whole body (the HTTP status and `Retry-After` follow from it).
-    pub refusal: Option<Refusal>,
+    /// Set when the body was refused as a whole (the HTTP status and `Retry-After` follow).
+    pub refused: Option<Refused>,
 }
 
-/// The caller of a body, when access control is on.
-pub struct Who<'a> {
-    /// Keys, tiers and quotas.
-    pub access: &'a Access,
-    /// The identified caller.
-    pub caller: &'a Caller,
-    /// Its tier's method policy (the global one merged with the tier's lists).
-    pub policy: &'a MethodPolicy,
+/// Who sent a body, as the edge (HTTP handler, WebSocket session) identified it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Edge<'a> {
+    /// The caller, with access control on.
+    pub caller: Option<&'a Caller>,
 }
 
-/// Parses bodies and answers their calls through an [`Upstreams`].
+/// A place among the bodies being answered; leaving gives it back.
+pub struct Admitted(Arc<AtomicUsize>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How many bodies a caller of `priority` may find in flight and still be admitted. Pure.
+pub fn admission_limit(max_in_flight: usize, priority: u8) -> usize {
+    max_in_flight * (10 - usize::from(priority.min(9))) / 10
+}
+
+/// Parses bodies and answers their calls through the layered [`Upstreams`].
 pub struct Pipeline {
     upstreams: Arc<dyn Upstreams>,
     max_batch_len: usize,
+    max_in_flight: usize,
+    in_flight: Arc<AtomicUsize>,
     policy: MethodPolicy,
+    access: Option<AccessControl>,
 }
 
 impl Pipeline {
-    /// A pipeline over `upstreams` that refuses batches longer than `max_batch_len`.
-    /// Node-key and admin methods are denied (see [`MethodPolicy::default`]).
-    pub fn new(upstreams: Arc<dyn Upstreams>, max_batch_len: usize) -> Self {
-        Self { upstreams, max_batch_len, policy: MethodPolicy::default() }
+    /// A pipeline over `upstreams`: batches of at most `max_batch_len`, at most
+    /// `max_in_flight` bodies answered at once, calls filtered by `policy`, and with `access`
+    /// callers identified, charged and held to their tier's method lists.
+    pub fn new(
+        upstreams: Arc<dyn Upstreams>,
+        max_batch_len: usize,
+        max_in_flight: usize,
+        policy: MethodPolicy,
+        access: Option<AccessControl>,
+    ) -> Self {
+        Self { upstreams, max_batch_len, max_in_flight, in_flight: Arc::default(), policy, access }
     }
 
-    /// The same pipeline with another method policy.
-    pub fn with_policy(mut self, policy: MethodPolicy) -> Self {
-        self.policy = policy;
-        self
+    /// Access control, when on.
+    pub fn access(&self) -> Option<&AccessControl> {
+        self.access.as_ref()
     }
 
-    /// The upstreams calls go to (for readiness checks).
-    pub fn upstreams(&self) -> &Arc<dyn Upstreams> {
-        &self.upstreams
+    /// Bodies being answered now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
     }
 
-    /// Answers one request body (HTTP body or WebSocket message).
-    pub async fn handle(&self, body: &[u8]) -> Reply {
-        self.handle_as(body, None).await
-    }
-
-    /// Answers one body for a caller: charged to its quota first (the whole body, by the cost
-    /// of its calls), under its tier's method policy.
-    pub async fn handle_as(&self, body: &[u8], who: Option<&Who<'_>>) -> Reply {
+    /// Answers one body (HTTP body or WebSocket message) from `edge`.
+    pub async fn handle(&self, body: &[u8], edge: Edge<'_>) -> Reply {
         let (items, batch) = match parse_body(body, self.max_batch_len) {
             Err(e) => {
                 telemetry::count_call("", if e.code == codes::PARSE_ERROR { "parse_error" } else { "invalid" });
@@ -105,63 +140,82 @@ impl Pipeline {
             Ok(Incoming::Single(item)) => (vec![item], false),
             Ok(Incoming::Batch(items)) => (items, true),
         };
-        if let Some(who) = who {
-            if let Some(refusal) = self.charge(who, &items).await {
-                return refusal;
+        let _admitted = match self.admit_and_charge(&items, edge).await {
+            Ok(admitted) => admitted,
+            Err(refusal) => return refusal,
+        };
+        let (responses, served_by) = self.respond(items, edge).await;
+        let body = (!responses.is_empty()).then(|| write_responses(batch, &responses));
+        Reply { body, served_by, refused: None }
+    }
+
+    /// Steps 2 and 3 for parsed calls: a place among the bodies in flight, then the caller's
+    /// quota. The refusal to send otherwise.
+    pub async fn admit_and_charge(
+        &self,
+        items: &[Result<Request, Invalid>],
+        edge: Edge<'_>,
+    ) -> Result<Admitted, Reply> {
+        let priority = self.priority(edge);
+        let admitted = self.admit(priority).ok_or_else(|| {
+            metrics::counter!("sluice_requests_shed_total", "priority" => priority.to_string()).increment(1);
+            let e = ErrorObject::new(codes::LIMIT_EXCEEDED, "server busy: too many requests in flight; retry shortly");
+            Reply { refused: Some(Refused::Busy), ..Reply::local_error(e) }
+        })?;
+        if let (Some(control), Some(caller)) = (&self.access, edge.caller) {
+            let methods: Vec<&str> = items.iter().filter_map(|i| i.as_ref().ok().map(|r| r.method.as_str())).collect();
+            if let Err(refusal) = control.access.charge(caller, &methods).await {
+                let code = match refusal {
+                    Refusal::OverQuota { .. } => codes::LIMIT_EXCEEDED,
+                    Refusal::Unavailable => codes::RESOURCE_UNAVAILABLE,
+                    Refusal::Unauthorized(_) => codes::INVALID_REQUEST,
+                };
+                let reply = Reply::local_error(ErrorObject::new(code, refusal.to_string()));
+                return Err(Reply { refused: Some(Refused::Access(refusal)), ..reply });
             }
         }
-        self.answer_with(items, batch, who.map_or(&self.policy, |w| w.policy)).await
+        Ok(admitted)
     }
 
-    /// Charges the caller for these calls; the refusal to send when over quota.
-    pub async fn charge(&self, who: &Who<'_>, items: &[Result<Request, Invalid>]) -> Option<Reply> {
-        let methods: Vec<&str> = items.iter().filter_map(|i| i.as_ref().ok().map(|r| r.method.as_str())).collect();
-        let refusal = who.access.charge(who.caller, &methods).await.err()?;
-        let code = match refusal {
-            Refusal::OverQuota { .. } => codes::LIMIT_EXCEEDED,
-            Refusal::Unavailable => codes::RESOURCE_UNAVAILABLE,
-            Refusal::Unauthorized(_) => codes::INVALID_REQUEST,
-        };
-        let mut reply = Reply::local_error(ErrorObject::new(code, refusal.to_string()));
-        reply.refusal = Some(refusal);
-        Some(reply)
+    fn priority(&self, edge: Edge<'_>) -> u8 {
+        match (&self.access, edge.caller) {
+            (Some(control), Some(caller)) => control.access.tier(caller).map_or(0, |t| t.priority),
+            _ => 0,
+        }
     }
 
-    /// Answers parsed calls and serializes the answer (an array when `batch`).
-    pub async fn answer(&self, items: Vec<Result<Request, Invalid>>, batch: bool) -> Reply {
-        self.answer_with(items, batch, &self.policy).await
+    fn admit(&self, priority: u8) -> Option<Admitted> {
+        let limit = admission_limit(self.max_in_flight, priority);
+        let counter = &self.in_flight;
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .ok()
+            .map(|_| Admitted(counter.clone()))
     }
 
-    /// Like [`Pipeline::answer`], under another method policy (a caller's tier).
-    pub async fn answer_with(&self, items: Vec<Result<Request, Invalid>>, batch: bool, policy: &MethodPolicy) -> Reply {
-        let (responses, served_by) = self.respond(items, policy).await;
-        let body = (!responses.is_empty()).then(|| write_responses(batch, &responses));
-        Reply { body, served_by, refusal: None }
+    /// The method policy for `edge`'s caller: its tier's, or the global one.
+    fn policy_for(&self, edge: Edge<'_>) -> &MethodPolicy {
+        match (&self.access, edge.caller) {
+            (Some(control), Some(caller)) => control.policy_of(caller).unwrap_or(&self.policy),
+            _ => &self.policy,
+        }
     }
 
-    /// Answers parsed calls, in order; notifications are executed but not answered.
-    pub async fn answer_responses(
-        &self,
-        items: Vec<Result<Request, Invalid>>,
-        policy: Option<&MethodPolicy>,
-    ) -> Vec<Response> {
-        self.respond(items, policy.unwrap_or(&self.policy)).await.0
-    }
-
-    /// The method policy for callers without a tier of their own.
-    pub fn policy(&self) -> &MethodPolicy {
-        &self.policy
-    }
-
-    async fn respond(&self, items: Vec<Result<Request, Invalid>>, policy: &MethodPolicy) -> (Vec<Response>, ServedBy) {
+    /// Steps 4 to 6 for calls already admitted and charged: answers in order; notifications
+    /// are executed but not answered.
+    pub async fn respond(&self, items: Vec<Result<Request, Invalid>>, edge: Edge<'_>) -> (Vec<Response>, ServedBy) {
+        let policy = self.policy_for(edge);
+        let tier: Option<Arc<str>> = edge.caller.map(|c| Arc::from(c.tier.as_str()));
+        let priority = self.priority(edge);
         let mut slots: Vec<Option<Outcome>> = vec![None; items.len()];
-        let mut forward: Vec<usize> = Vec::new();
-        let mut served_by: Option<ServedBy> = None;
-        for (i, item) in items.iter().enumerate() {
+        let mut ids: Vec<Option<Id>> = Vec::with_capacity(items.len());
+        let mut calls: Vec<(usize, Call)> = Vec::new();
+        for (i, item) in items.into_iter().enumerate() {
             match item {
-                Err((_, e)) => {
+                Err((id, e)) => {
                     telemetry::count_call("", "invalid");
-                    slots[i] = Some(Outcome::error(e));
+                    slots[i] = Some(Outcome::error(&e));
+                    ids.push(Some(id));
                 }
                 Ok(req) if !policy.permits(&req.method) => {
                     telemetry::count_call(&req.method, "denied");
@@ -170,6 +224,7 @@ impl Pipeline {
                         format!("the method {} is not allowed here", req.method),
                     );
                     slots[i] = Some(Outcome::error(&e));
+                    ids.push(req.id);
                 }
                 Ok(req) => match route(&req.method) {
                     Route::SocketOnly => {
@@ -179,41 +234,43 @@ impl Pipeline {
                             format!("{} is only available on a WebSocket connection", req.method),
                         );
                         slots[i] = Some(Outcome::error(&e));
+                        ids.push(req.id);
                     }
-                    Route::PassThrough => forward.push(i),
+                    Route::PassThrough => {
+                        ids.push(req.id.clone());
+                        let mut call = Call::new(req);
+                        call.ctx.tier = tier.clone();
+                        call.ctx.priority = priority;
+                        calls.push((i, call));
+                    }
                 },
             }
         }
-        if forward.len() < items.len() {
+        let mut served_by: Option<ServedBy> = None;
+        if calls.len() < slots.len() {
             served_by = ServedBy::join(served_by, Source::Local);
         }
-        if !forward.is_empty() {
-            let calls: Vec<&Request> = forward.iter().filter_map(|&i| items[i].as_ref().ok()).collect();
-            let results = if calls.len() == 1 {
-                vec![self.upstreams.call(calls[0]).await]
+        if !calls.is_empty() {
+            let refs: Vec<&Call> = calls.iter().map(|(_, c)| c).collect();
+            let results = if refs.len() == 1 {
+                vec![self.upstreams.call(refs[0]).await]
             } else {
-                self.upstreams.call_batch(&calls).await
+                self.upstreams.call_batch(&refs).await
             };
-            for ((&i, req), result) in forward.iter().zip(&calls).zip(results) {
-                telemetry::count_call(&req.method, outcome_label(&result));
+            for ((i, call), result) in calls.iter().zip(results) {
+                telemetry::count_call(call.method(), outcome_label(&result));
                 let (outcome, source) = match result {
                     Ok(Answer { outcome, source }) => (outcome, source),
                     Err(e) => (Outcome::error(&e.to_error_object()), Source::Upstream),
                 };
                 served_by = ServedBy::join(served_by, source);
-                slots[i] = Some(outcome);
+                slots[*i] = Some(outcome);
             }
         }
-        let responses: Vec<Response> = items
+        let responses: Vec<Response> = ids
             .into_iter()
             .zip(slots)
-            .filter_map(|(item, outcome)| {
-                let id = match item {
-                    Ok(req) => req.id?,
-                    Err((id, _)) => id,
-                };
-                Some(Response { id, outcome: outcome? })
-            })
+            .filter_map(|(id, outcome)| Some(Response { id: id?, outcome: outcome? }))
             .collect();
         (responses, served_by.unwrap_or(ServedBy::LOCAL))
     }
@@ -223,7 +280,7 @@ impl Reply {
     /// A single error answer with a `null` id, for bodies that could not be read at all.
     pub fn local_error(e: ErrorObject) -> Self {
         let response = Response { id: Id::null(), outcome: e.into() };
-        Reply { body: Some(write_responses(false, &[response])), served_by: ServedBy::LOCAL, refusal: None }
+        Reply { body: Some(write_responses(false, &[response])), served_by: ServedBy::LOCAL, refused: None }
     }
 }
 
@@ -253,29 +310,30 @@ mod tests {
 
     #[async_trait]
     impl Upstreams for EchoUpstream {
-        async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
-            self.call_batch(&[req]).await.remove(0)
+        async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+            self.call_batch(&[call]).await.remove(0)
         }
 
-        async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
-            self.batches.lock().unwrap().push(reqs.iter().map(|r| r.method.clone()).collect());
-            reqs.iter()
-                .map(|r| {
+        async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+            self.batches.lock().unwrap().push(calls.iter().map(|c| c.method().to_owned()).collect());
+            calls
+                .iter()
+                .map(|c| {
                     if self.fail {
                         return Err(UpstreamError::Unreachable);
                     }
-                    Ok(Answer::upstream(Outcome::Result(RawValue::from_string(format!("\"{}\"", r.method)).unwrap())))
+                    Ok(Answer::upstream(Outcome::Result(RawValue::from_string(format!("\"{}\"", c.method())).unwrap())))
                 })
                 .collect()
         }
     }
 
     fn pipeline(upstream: Arc<EchoUpstream>) -> Pipeline {
-        Pipeline::new(upstream, 100)
+        Pipeline::new(upstream, 100, 8, MethodPolicy::default(), None)
     }
 
     async fn answer(p: &Pipeline, body: &str) -> (serde_json::Value, ServedBy) {
-        let reply = p.handle(body.as_bytes()).await;
+        let reply = p.handle(body.as_bytes(), Edge::default()).await;
         let json = reply.body.map_or(serde_json::Value::Null, |b| serde_json::from_slice(&b).unwrap());
         (json, reply.served_by)
     }
@@ -317,5 +375,27 @@ mod tests {
             assert_eq!(item["error"]["code"], -32002);
             assert_eq!(item["error"]["message"], "upstream unreachable");
         }
+    }
+
+    #[test]
+    fn lower_priorities_get_a_smaller_share_of_the_capacity() {
+        assert_eq!(admission_limit(100, 0), 100);
+        assert_eq!(admission_limit(100, 1), 90);
+        assert_eq!(admission_limit(100, 5), 50);
+        assert_eq!(admission_limit(100, 9), 10);
+        assert_eq!(admission_limit(100, 200), 10, "clamped at 9");
+        assert_eq!(admission_limit(4, 0), 4);
+    }
+
+    #[tokio::test]
+    async fn bodies_beyond_the_in_flight_limit_are_refused_busy() {
+        let p = Pipeline::new(Arc::new(EchoUpstream::default()), 100, 1, MethodPolicy::default(), None);
+        let items = vec![Ok(Request::new(Some(Id::number(1)), "a", None))];
+        let held = p.admit_and_charge(&items, Edge::default()).await.ok().unwrap();
+        let refused = p.handle(br#"{"jsonrpc":"2.0","id":1,"method":"a"}"#, Edge::default()).await;
+        assert_eq!(refused.refused, Some(Refused::Busy));
+        drop(held);
+        assert_eq!(p.handle(br#"{"jsonrpc":"2.0","id":1,"method":"a"}"#, Edge::default()).await.refused, None);
+        assert_eq!(p.in_flight(), 0);
     }
 }

@@ -19,7 +19,7 @@ use sluice_jsonrpc::{
 use sluice_upstream::{Notification, UpstreamSocket};
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::pipeline::Reply;
+use crate::pipeline::{Edge, Reply};
 use crate::route::is_subscription_method;
 use crate::telemetry::{self, InFlight};
 use crate::Gateway;
@@ -110,27 +110,26 @@ struct Session {
 }
 
 impl Session {
+    /// One message: the same pipeline as an HTTP body (admission, quotas, policy, calls);
+    /// subscriptions are this session's own and are answered here, in order.
     async fn on_message(&mut self, body: &[u8]) {
         let (items, batch) = match parse_body(body, self.gateway.limits.max_batch_len) {
             Err(e) => return self.send(Reply::local_error(e)).await,
             Ok(Incoming::Single(item)) => (vec![item], false),
             Ok(Incoming::Batch(items)) => (items, true),
         };
-        if let (Some(control), Some(caller)) = (&self.gateway.access, &self.caller) {
-            if let Some(policy) = control.policy_of(caller) {
-                let who = crate::Who { access: &control.access, caller, policy };
-                if let Some(refusal) = self.gateway.pipeline.charge(&who, &items).await {
-                    return self.send(refusal).await;
-                }
-            }
-        }
+        let edge = Edge { caller: self.caller.as_ref() };
+        let admitted = match self.gateway.pipeline.admit_and_charge(&items, edge).await {
+            Ok(admitted) => admitted,
+            Err(refusal) => return self.send(refusal).await,
+        };
         let has_subscription = items.iter().any(|i| i.as_ref().is_ok_and(|r| is_subscription_method(&r.method)));
         if has_subscription {
-            // Subscriptions change this session's state: answer such a body in order, here.
             let mut responses = Vec::with_capacity(items.len());
             for item in items {
                 responses.extend(self.answer_one(item).await);
             }
+            drop(admitted);
             if !responses.is_empty() {
                 let _ = self.outbox.send(text(write_responses(batch, &responses))).await;
             }
@@ -144,13 +143,11 @@ impl Session {
         let caller = self.caller.clone();
         tokio::spawn(async move {
             let _in_flight = InFlight::start("ws");
-            let policy = match (&gateway.access, &caller) {
-                (Some(control), Some(caller)) => control.policy_of(caller),
-                _ => None,
-            };
-            let reply = gateway.pipeline.answer_with(items, batch, policy.unwrap_or(gateway.pipeline.policy())).await;
-            if let Some(body) = reply.body {
-                let _ = outbox.send(text(body)).await;
+            let edge = Edge { caller: caller.as_ref() };
+            let (responses, _) = gateway.pipeline.respond(items, edge).await;
+            drop(admitted);
+            if !responses.is_empty() {
+                let _ = outbox.send(text(write_responses(batch, &responses))).await;
             }
             drop(permit);
         });
@@ -163,28 +160,25 @@ impl Session {
 
     /// Takes a subscription place for this connection's key (always true without access control).
     fn take_subscription(&self) -> bool {
-        match (&self.gateway.access, &self.caller) {
+        match (self.gateway.access(), &self.caller) {
             (Some(control), Some(caller)) => control.take_subscription(caller),
             _ => true,
         }
     }
 
     fn release_subscriptions(&self, n: u32) {
-        if let (Some(control), Some(caller)) = (&self.gateway.access, &self.caller) {
+        if let (Some(control), Some(caller)) = (self.gateway.access(), &self.caller) {
             control.release_subscriptions(caller, n);
         }
-    }
-
-    /// The caller's tier policy, when access control is on.
-    fn policy(&self) -> Option<&crate::policy::MethodPolicy> {
-        let (control, caller) = (self.gateway.access.as_ref()?, self.caller.as_ref()?);
-        control.policy_of(caller)
     }
 
     async fn answer_one(&mut self, item: Result<Request, Invalid>) -> Vec<Response> {
         let req = match item {
             Ok(req) if is_subscription_method(&req.method) => req,
-            other => return self.gateway.pipeline.answer_responses(vec![other], self.policy()).await,
+            other => {
+                let edge = Edge { caller: self.caller.as_ref() };
+                return self.gateway.pipeline.respond(vec![other], edge).await.0;
+            }
         };
         // Places against the key's subscription limit follow what this connection holds.
         let before = self.held();

@@ -16,8 +16,8 @@ use alloy_primitives::Address;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use sluice_chain::{parse_quantity, ChainEvent};
-use sluice_jsonrpc::{Id, Outcome, Request};
-use sluice_upstream::{Answer, Upstreams};
+use sluice_jsonrpc::Outcome;
+use sluice_upstream::{Answer, Call, Upstreams};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::service::{Mempool, Origin, PoolView};
@@ -85,9 +85,7 @@ pub(crate) async fn fetch_chain(upstream: &dyn Upstreams) -> Result<ChainInfo, S
 }
 
 async fn call(upstream: &dyn Upstreams, method: &str, params: &str) -> Result<Box<RawValue>, String> {
-    let params = RawValue::from_string(params.to_owned()).map_err(|e| e.to_string())?;
-    let req = Request::new(Some(Id::number(1)), method, Some(params));
-    match upstream.call(&req).await {
+    match upstream.call(&Call::internal(method, Some(params))).await {
         Ok(Answer { outcome: Outcome::Result(raw), .. }) => Ok(raw),
         Ok(Answer { outcome: Outcome::Error(raw), .. }) => Err(format!("{method}: {}", raw.get())),
         Err(e) => Err(format!("{method}: {e}")),

@@ -10,6 +10,7 @@ use alloy_primitives::B256;
 use serde_json::value::RawValue;
 use sluice_jsonrpc::{Id, Outcome, Request};
 use sluice_upstream::pool::is_already_known;
+use sluice_upstream::Call;
 use tokio::sync::mpsc;
 
 use crate::service::{Mempool, PoolView};
@@ -79,15 +80,15 @@ async fn send(mempool: &Mempool, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<
     if txs.is_empty() {
         return;
     }
-    let requests: Vec<Request> = txs
+    let requests: Vec<Call> = txs
         .iter()
         .enumerate()
         .map(|(i, p)| {
             let params = RawValue::from_string(format!("[\"{}\"]", p.raw)).ok();
-            Request::new(Some(Id::number(i as u64)), "eth_sendRawTransaction", params)
+            Call::internal_request(Request::new(Some(Id::number(i as u64)), "eth_sendRawTransaction", params))
         })
         .collect();
-    let refs: Vec<&Request> = requests.iter().collect();
+    let refs: Vec<&Call> = requests.iter().collect();
     let answers = mempool.upstream.call_batch(&refs).await;
     let now = Instant::now();
     for (p, answer) in txs.iter().zip(answers) {

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
-use sluice_upstream::{Answer, Source, UpstreamError, Upstreams};
+use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 
 use crate::service::{Mempool, Origin, PoolView, SubmitError, TxIntake};
 use crate::view::quantity;
@@ -102,16 +102,16 @@ impl MempoolLayer {
 
 #[async_trait]
 impl Upstreams for MempoolLayer {
-    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
-        match self.local(req).await {
+    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+        match self.local(&call.req).await {
             Some(outcome) => Ok(Answer { outcome, source: Source::Local }),
-            None => self.inner.call(req).await,
+            None => self.inner.call(call).await,
         }
     }
 
-    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
-        let locals = futures_util::future::join_all(reqs.iter().map(|r| self.local(r))).await;
-        let forward: Vec<&Request> =
+    async fn call_batch(&self, reqs: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+        let locals = futures_util::future::join_all(reqs.iter().map(|r| self.local(&r.req))).await;
+        let forward: Vec<&Call> =
             reqs.iter().zip(&locals).filter(|(_, local)| local.is_none()).map(|(r, _)| *r).collect();
         let mut forwarded =
             if forward.is_empty() { Vec::new() } else { self.inner.call_batch(&forward).await }.into_iter();
@@ -122,20 +122,6 @@ impl Upstreams for MempoolLayer {
                 None => forwarded.next().unwrap_or(Err(UpstreamError::NoneAvailable)),
             })
             .collect()
-    }
-
-    fn status(&self) -> Value {
-        let snapshot = self.mempool.snapshot();
-        let mut status = self.inner.status();
-        let pool = serde_json::json!({ "pending": snapshot.status.pending, "queued": snapshot.status.queued });
-        match &mut status {
-            Value::Object(map) => {
-                map.insert("mempool".into(), pool);
-                status
-            }
-            Value::Null => serde_json::json!({ "mempool": pool }),
-            other => serde_json::json!({ "upstreams": other.take(), "mempool": pool }),
-        }
     }
 }
 

@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use alloy_primitives::{Address, U256};
-use serde_json::value::RawValue;
-use sluice_jsonrpc::{Id, Outcome, Request};
-use sluice_upstream::{Answer, Upstreams};
+use sluice_jsonrpc::Outcome;
+use sluice_upstream::{Answer, Call, Upstreams};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// An account's nonce and balance at the head.
@@ -90,12 +89,12 @@ async fn fetch_loop(upstream: Arc<dyn Upstreams>, mut rx: mpsc::Receiver<(Addres
 /// One JSON-RPC batch: nonce and balance of each address at `latest`.
 async fn fetch(upstream: &dyn Upstreams, addresses: &[Address]) -> Vec<Result<AccountState, String>> {
     let mut requests = Vec::with_capacity(addresses.len() * 2);
-    for (i, address) in addresses.iter().enumerate() {
-        let params = RawValue::from_string(format!(r#"["{address}","latest"]"#)).ok();
-        requests.push(Request::new(Some(Id::number(2 * i as u64)), "eth_getTransactionCount", params.clone()));
-        requests.push(Request::new(Some(Id::number(2 * i as u64 + 1)), "eth_getBalance", params));
+    for address in addresses {
+        let params = format!(r#"["{address}","latest"]"#);
+        requests.push(Call::internal("eth_getTransactionCount", Some(&params)));
+        requests.push(Call::internal("eth_getBalance", Some(&params)));
     }
-    let refs: Vec<&Request> = requests.iter().collect();
+    let refs: Vec<&Call> = requests.iter().collect();
     let answers = upstream.call_batch(&refs).await;
     let mut out = Vec::with_capacity(addresses.len());
     let mut answers = answers.into_iter();

@@ -144,6 +144,15 @@ impl HttpUpstream {
         self.call_within(req, self.config.timeout).await
     }
 
+    /// Sends calls as one JSON-RPC batch with the configured deadline, one result per call (for
+    /// tools such as the load generator).
+    pub async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, UpstreamError>> {
+        match self.call_batch_within(reqs, self.config.timeout).await {
+            Ok(outcomes) => outcomes.into_iter().map(|o| o.map(Answer::upstream)).collect(),
+            Err(e) => vec![Err(e); reqs.len()],
+        }
+    }
+
     /// Sends calls as one JSON-RPC batch (one call alone as a plain call) and places each
     /// answer by its id. `Err` for the whole exchange: transport trouble, or
     /// [`UpstreamError::BatchRefused`] when the node refuses a batch of this size.

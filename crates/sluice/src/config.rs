@@ -218,6 +218,8 @@ pub struct PoolSection {
     pub hedge_max_extra: f64,
     /// Deadlines by method, e.g. { "eth_getLogs" = "60s", "debug_*" = "120s" }.
     pub method_timeouts: std::collections::BTreeMap<String, String>,
+    /// Most calls in one JSON-RPC batch to an upstream (an upstream's own `max_batch` wins).
+    pub max_batch: usize,
 }
 
 impl PoolSection {
@@ -257,6 +259,7 @@ impl Default for PoolSection {
             hedge: "p95".into(),
             hedge_max_extra: d.hedge_max_extra,
             method_timeouts: Default::default(),
+            max_batch: d.max_batch,
         }
     }
 }
@@ -275,6 +278,7 @@ impl TryFrom<&PoolSection> for sluice_upstream::pool::PoolConfig {
             hedge: p.hedge_after()?,
             hedge_max_extra: p.hedge_max_extra,
             method_timeouts: p.method_timeouts()?,
+            max_batch: p.max_batch,
         })
     }
 }
@@ -372,6 +376,9 @@ pub struct UpstreamConfig {
     /// Calls in flight to this upstream at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<usize>,
+    /// Most calls in one JSON-RPC batch to this upstream (default `pool.max_batch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batch: Option<usize>,
     /// Requests per second at most (a provider's rate limit), enforced by sluice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
@@ -467,6 +474,7 @@ impl UpstreamConfig {
             weight: 1,
             ca_file: None,
             max_concurrency: None,
+            max_batch: None,
             rate: None,
             daily_quota: None,
             methods: Vec::new(),
@@ -596,6 +604,7 @@ impl Config {
             anyhow::ensure!(self.mempool.enabled, "mesh: needs the mempool ([mempool] enabled = true)");
         }
         anyhow::ensure!(self.pool.max_attempts > 0, "pool.max_attempts: must be more than zero");
+        anyhow::ensure!(self.pool.max_batch > 0, "pool.max_batch: must be more than zero");
         anyhow::ensure!(!self.pool.deadline.is_zero(), "pool.deadline: must be more than zero");
         anyhow::ensure!(!self.pool.probe_interval.is_zero(), "pool.probe_interval: must be more than zero");
         self.pool.hedge_after().map_err(anyhow::Error::msg)?;
@@ -607,6 +616,7 @@ impl Config {
         for (i, upstream) in self.upstreams.iter().enumerate() {
             anyhow::ensure!(upstream.weight > 0, "upstreams[{i}].weight: must be more than zero");
             anyhow::ensure!(upstream.rate.is_none_or(|r| r > 0.0), "upstreams[{i}].rate: must be more than zero");
+            anyhow::ensure!(upstream.max_batch != Some(0), "upstreams[{i}].max_batch: must be more than zero");
             anyhow::ensure!(
                 upstream.max_concurrency != Some(0),
                 "upstreams[{i}].max_concurrency: must be more than zero"

@@ -13,7 +13,7 @@ use sluice_bench::report::{latency_svg, overhead_markdown, section_markdown, ser
 use sluice_bench::run::{compare, run, Plan};
 use sluice_bench::schedule::Model;
 use sluice_jsonrpc::{Id, RawValue, Request};
-use sluice_upstream::{HttpUpstream, HttpUpstreamConfig, Upstreams};
+use sluice_upstream::{HttpUpstream, HttpUpstreamConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 

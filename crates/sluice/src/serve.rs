@@ -3,14 +3,14 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use sluice_cache::{CacheLayer, RedisConfig, RedisTier};
+use sluice_cache::{CacheLayer, CoalesceLayer, RedisConfig, RedisTier};
 use sluice_gateway::policy::MethodPolicy;
-use sluice_gateway::{FeedStream, Gateway, Limits, LocalFeeds};
+use sluice_gateway::{FeedStream, GatewayBuilder, Limits, LocalFeeds, StatusBoard};
 use sluice_ingress::{Ingress, IngressConfig, KeyPair};
 use std::time::Duration;
 
 use sluice_jsonrpc::{Id, Outcome, Request};
-use sluice_pool::{Mempool, MempoolConfig, MempoolLayer};
+use sluice_pool::{Mempool, MempoolConfig, MempoolLayer, PoolView};
 use sluice_upstream::logs::{LogsConfig, LogsLayer};
 use sluice_upstream::pool::{MemberConfig, MethodFilter, Pool, PoolConfig};
 use sluice_upstream::{spawn_head_watcher, Answer, HeadConfig, HeadFeed, HttpUpstream, HttpUpstreamConfig, Upstreams};
@@ -26,31 +26,38 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     check_chain_ids(&clients, &names).await?;
     let primary = config.upstreams.first().ok_or_else(|| anyhow::anyhow!("no upstream configured"))?;
     let (http_url, ws_url) = primary.endpoints().map_err(anyhow::Error::msg)?;
-    let upstream: Arc<dyn Upstreams> = if clients.len() == 1 {
-        Arc::new(clients.into_iter().next().expect("one client"))
-    } else {
-        let members = clients
-            .into_iter()
-            .zip(&config.upstreams)
-            .map(|(client, c)| MemberConfig {
-                client,
-                tier: c.tier,
-                weight: c.weight,
-                filter: MethodFilter { include: c.methods.clone(), exclude: c.exclude_methods.clone() },
-                max_concurrency: c.max_concurrency,
-                rate: c.rate,
-                daily_quota: c.daily_quota,
-            })
-            .collect();
-        Pool::new(members, PoolConfig::try_from(&config.pool).map_err(anyhow::Error::msg)?)
-    };
+    // Every call reaches the nodes through the pool, also with one member: its budgets,
+    // method filters, timeouts and retries always apply.
+    let members = clients
+        .into_iter()
+        .zip(&config.upstreams)
+        .map(|(client, c)| MemberConfig {
+            client,
+            tier: c.tier,
+            weight: c.weight,
+            filter: MethodFilter { include: c.methods.clone(), exclude: c.exclude_methods.clone() },
+            max_concurrency: c.max_concurrency,
+            max_batch: c.max_batch,
+            rate: c.rate,
+            daily_quota: c.daily_quota,
+        })
+        .collect();
+    let pool = Pool::new(members, PoolConfig::try_from(&config.pool).map_err(anyhow::Error::msg)?);
+    let mut status = StatusBoard::default();
+    let pool_status = pool.clone();
+    status.add("", Arc::new(move || pool_status.status()));
+    let upstream: Arc<dyn Upstreams> = pool;
     // One head feed for the cache and the mempool, when either is on.
     let feed = (config.cache.enabled || config.mempool.enabled).then(|| {
         let cache = &config.cache;
         let heads = HeadConfig { window: cache.window, poll_interval: cache.poll_interval, ..HeadConfig::default() };
         spawn_head_watcher(upstream.clone(), Some(ws_url.clone()), heads)
     });
+    // The layers, bottom up: pool ← coalescing ← cache ← eth_getLogs splitting ← mempool.
     let mut upstreams = upstream.clone();
+    if config.cache.coalesce {
+        upstreams = Arc::new(CoalesceLayer::new(upstreams));
+    }
     if let (true, Some(feed)) = (config.cache.enabled, &feed) {
         upstreams = with_cache(&config, upstreams, feed)?;
     }
@@ -63,36 +70,48 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     }
     let mut mempool = None;
     if let (true, Some(feed)) = (config.mempool.enabled, &feed) {
-        let (layer, pool) = with_mempool(&config, upstream, upstreams, feed).await?;
+        let (layer, pool) = with_mempool(&config, upstream.clone(), upstreams, feed).await?;
         upstreams = layer;
+        let counts = pool.clone();
+        status.add(
+            "mempool",
+            Arc::new(move || {
+                let snapshot = counts.snapshot();
+                serde_json::json!({ "pending": snapshot.status.pending, "queued": snapshot.status.queued })
+            }),
+        );
         mempool = Some(pool);
     }
     let ingress = match (&config.ingress, &mempool) {
         (Some(settings), Some(pool)) => Some(start_ingress(settings, pool.clone())?),
         _ => None,
     };
+    if let Some(ingress) = &ingress {
+        let stats = ingress.stats();
+        status.add("ingress", Arc::new(move || serde_json::to_value(stats.snapshot()).unwrap_or_default()));
+    }
     let mesh = match (&config.mesh, &mempool) {
         (Some(settings), Some(pool)) => Some(start_mesh(settings, pool.clone()).await?),
         _ => None,
     };
-    if ingress.is_some() || mesh.is_some() {
-        upstreams = Arc::new(ExtraStatus {
-            inner: upstreams,
-            ingress: ingress.as_ref().map(|i| i.stats()),
-            mesh: mesh.clone(),
-        });
+    if let Some(mesh) = &mesh {
+        let mesh = mesh.clone();
+        status.add("mesh", Arc::new(move || serde_json::to_value(mesh.latest_status()).unwrap_or_default()));
     }
     let policy = MethodPolicy::new(config.methods.deny.clone(), config.methods.allow.clone());
-    let mut gateway =
-        Gateway::new(upstreams, Some(ws_url), primary.timeout, Limits::from(&config.limits)).with_method_policy(policy);
+    let mut gateway = GatewayBuilder::new(upstreams, Limits::from(&config.limits))
+        .method_policy(policy)
+        .subscriptions(Some(ws_url), primary.timeout)
+        .status(status)
+        .readiness(upstream);
     if let Some(mempool) = mempool {
-        gateway = gateway.with_local_feeds(Arc::new(PendingTransactions(mempool)));
+        gateway = gateway.local_feeds(Arc::new(PendingTransactions(mempool)));
     }
     if let Some(access) = &config.access {
         let tiers: Vec<(String, Vec<String>, Vec<String>)> =
             access.tiers.iter().map(|(name, t)| (name.clone(), t.deny.clone(), t.allow.clone())).collect();
         let control = sluice_access::Access::new(access.clone()).map_err(anyhow::Error::msg)?;
-        gateway = gateway.with_access(control, &tiers);
+        gateway = gateway.access(control, tiers);
         tracing::info!(
             keys = access.keys.len(),
             tiers = access.tiers.len(),
@@ -100,6 +119,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             "access control on"
         );
     }
+    let gateway = gateway.build();
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
@@ -234,39 +254,6 @@ async fn start_mesh(settings: &sluice_mesh::MeshSettings, mempool: Arc<Mempool>)
         }
     });
     Ok(mesh)
-}
-
-/// Adds the QUIC ingress's and the mesh's counters to `/status`; calls pass straight through.
-struct ExtraStatus {
-    inner: Arc<dyn Upstreams>,
-    ingress: Option<Arc<sluice_ingress::Stats>>,
-    mesh: Option<sluice_mesh::Mesh>,
-}
-
-#[async_trait::async_trait]
-impl Upstreams for ExtraStatus {
-    async fn call(&self, req: &Request) -> Result<Answer, sluice_upstream::UpstreamError> {
-        self.inner.call(req).await
-    }
-
-    async fn call_batch(&self, reqs: &[&Request]) -> Vec<Result<Answer, sluice_upstream::UpstreamError>> {
-        self.inner.call_batch(reqs).await
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let mut map = match self.inner.status() {
-            serde_json::Value::Object(map) => map,
-            serde_json::Value::Null => serde_json::Map::new(),
-            other => [("upstreams".to_string(), other)].into_iter().collect(),
-        };
-        if let Some(stats) = &self.ingress {
-            map.insert("ingress".into(), serde_json::to_value(stats.snapshot()).unwrap_or_default());
-        }
-        if let Some(mesh) = &self.mesh {
-            map.insert("mesh".into(), serde_json::to_value(mesh.latest_status()).unwrap_or_default());
-        }
-        serde_json::Value::Object(map)
-    }
 }
 
 /// `eth_subscribe("newPendingTransactions"[, true])` from the mempool: hashes, or full

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use serde_json::value::RawValue;
-use sluice_jsonrpc::{Outcome, Request};
-use sluice_upstream::{Answer, UpstreamError, Upstreams};
+use sluice_jsonrpc::Outcome;
+use sluice_upstream::{Answer, Call, UpstreamError, Upstreams};
 
 /// Chain id 31337 at block 1; every account has nonce 0 and a large balance.
 #[derive(Default)]
@@ -21,7 +21,8 @@ pub struct FixedChain {
 
 #[async_trait]
 impl Upstreams for FixedChain {
-    async fn call(&self, req: &Request) -> Result<Answer, UpstreamError> {
+    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+        let req = &call.req;
         self.calls.fetch_add(1, Ordering::Relaxed);
         let result = match req.method.as_str() {
             "eth_chainId" => r#""0x7a69""#,

@@ -101,7 +101,7 @@ impl<N: Node> Pool<N> {
         if !self.members[member].state().breaker.allow(Instant::now()) {
             return vec![Err(UpstreamError::NoneAvailable); reqs.len()];
         }
-        let limit = self.members[member].state().batch_limit.unwrap_or(self.config.max_batch);
+        let limit = self.members[member].state().batch_limit.unwrap_or(self.members[member].max_batch);
         let parts = chunks(reqs.len(), limit);
         let sent = futures_util::future::join_all(parts.iter().map(|range| self.send_chunk(member, &reqs[range.clone()])));
         sent.await.into_iter().flatten().collect()

@@ -94,6 +94,8 @@ pub struct MemberConfig<N: Node = HttpUpstream> {
     pub filter: MethodFilter,
     /// Calls in flight at most.
     pub max_concurrency: Option<usize>,
+    /// Most calls in one batch to it (default: the pool's `max_batch`).
+    pub max_batch: Option<usize>,
     /// Requests per second at most (the provider's rate limit).
     pub rate: Option<f64>,
     /// Requests per UTC day at most (the provider's quota).
@@ -109,6 +111,7 @@ impl<N: Node> MemberConfig<N> {
             weight: 1,
             filter: MethodFilter::default(),
             max_concurrency: None,
+            max_batch: None,
             rate: None,
             daily_quota: None,
         }
@@ -124,6 +127,7 @@ struct Member<N> {
     weight: u32,
     filter: MethodFilter,
     slots: Option<Arc<Semaphore>>,
+    max_batch: usize,
     state: Mutex<State>,
 }
 
@@ -208,6 +212,7 @@ impl<N: Node> Pool<N> {
                 weight: m.weight,
                 filter: m.filter,
                 slots: m.max_concurrency.map(|n| Arc::new(Semaphore::new(n.max(1)))),
+                max_batch: m.max_batch.unwrap_or(config.max_batch).max(1),
                 state: Mutex::new(State {
                     health: Health::default(),
                     breaker: Breaker::new(config.breaker_threshold, config.breaker_cooldown),
