@@ -178,9 +178,9 @@ impl Upstreams for CoalesceLayer {
                 _ => self.inner.call_batch(&down).await,
             }
         };
-        let followed = futures_util::future::join_all(follows.into_iter().map(|(i, rx)| async move {
-            (i, self.follow(rx, calls[i]).await)
-        }));
+        let followed = futures_util::future::join_all(
+            follows.into_iter().map(|(i, rx)| async move { (i, self.follow(rx, calls[i]).await) }),
+        );
         let (led, followed) = tokio::join!(led, followed);
         let mut out: Vec<Option<Shared>> = (0..calls.len()).map(|_| None).collect();
         for ((i, lead), answer) in leads.into_iter().zip(led) {

@@ -102,25 +102,41 @@ impl CacheLayer {
 
 /// A miss: Redis, then the upstream; stores what may be stored.
 async fn fetch(shared: Arc<Shared>, call: Call, plan: Cacheable) -> Result<Fetched, UpstreamError> {
-    let chain_id = shared.view.borrow().chain_id;
-    if let (Some(redis), Some(chain_id)) = (&shared.redis, chain_id) {
-        if let Some((result, max_block)) = redis.get(chain_id, &plan.key).await {
-            metrics::counter!("sluice_cache_hits_total", "tier" => "redis").increment(1);
-            metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
-            shared.memory.insert(plan.key, Entry { result: result.clone(), max_block });
-            return Ok(Fetched { outcome: Outcome::Result(result), source: Source::Redis });
-        }
+    if let Some(hit) = from_redis(&shared, &plan).await {
+        return Ok(hit);
     }
     metrics::counter!("sluice_cache_misses_total").increment(1);
-    let forwarded = match &plan.forward {
+    let answer = shared.inner.call(&forwarded(&call, &plan)?).await?;
+    store(&shared, plan, &answer.outcome);
+    Ok(Fetched { outcome: answer.outcome, source: Source::Upstream })
+}
+
+/// The shared tier's answer, kept in memory too.
+async fn from_redis(shared: &Shared, plan: &Cacheable) -> Option<Fetched> {
+    let chain_id = shared.view.borrow().chain_id;
+    let (Some(redis), Some(chain_id)) = (&shared.redis, chain_id) else { return None };
+    let (result, max_block) = redis.get(chain_id, &plan.key).await?;
+    metrics::counter!("sluice_cache_hits_total", "tier" => "redis").increment(1);
+    metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
+    shared.memory.insert(plan.key.clone(), Entry { result: result.clone(), max_block });
+    Some(Fetched { outcome: Outcome::Result(result), source: Source::Redis })
+}
+
+/// The call as it goes upstream: its block pinned when the plan pinned one, and its need
+/// narrowed to that block so the pool asks a member that has it.
+fn forwarded(call: &Call, plan: &Cacheable) -> Result<Call, UpstreamError> {
+    match &plan.forward {
         Some(params) => {
             let params = RawValue::from_string(params.clone()).map_err(|_| UpstreamError::InvalidResponse("params"))?;
-            call.with_params(params, plan.needs.clone().unwrap_or_else(|| call.ctx.needs.clone()))
+            Ok(call.with_params(params, plan.needs.clone().unwrap_or_else(|| call.ctx.needs.clone())))
         }
-        None => call,
-    };
-    let answer = shared.inner.call(&forwarded).await?;
-    if let Outcome::Result(result) = &answer.outcome {
+        None => Ok(call.clone()),
+    }
+}
+
+/// Stores an answer if the plan and the chain as it is now allow.
+fn store(shared: &Shared, plan: Cacheable, outcome: &Outcome) {
+    if let Outcome::Result(result) = outcome {
         let now = shared.view.borrow().clone();
         if let Some(max_block) = admit(&plan, result.get(), &now) {
             if let (Some(redis), Some(chain_id)) = (&shared.redis, now.chain_id) {
@@ -129,7 +145,6 @@ async fn fetch(shared: Arc<Shared>, call: Call, plan: Cacheable) -> Result<Fetch
             shared.memory.insert(plan.key, Entry { result: result.clone(), max_block });
         }
     }
-    Ok(Fetched { outcome: answer.outcome, source: Source::Upstream })
 }
 
 fn local(value: serde_json::Value) -> Answer {
@@ -148,36 +163,61 @@ impl Upstreams for CacheLayer {
         }
     }
 
-    async fn call_batch(&self, reqs: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+    /// A batch: local answers and memory hits at once; the misses (after Redis) and the
+    /// uncacheable calls go down together as one batch, so that the pool can send each member
+    /// one JSON-RPC batch. Identical calls in flight elsewhere are joined below, by coalescing.
+    async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let view = self.shared.view.borrow().clone();
-        let mut results: Vec<Option<Result<Answer, UpstreamError>>> = Vec::with_capacity(reqs.len());
-        let mut passed = Vec::new();
-        let mut cached = Vec::new();
-        for (i, req) in reqs.iter().enumerate() {
-            results.push(None);
-            match plan(req.method(), req.req.params_text(), &view) {
+        let mut results: Vec<Option<Result<Answer, UpstreamError>>> = (0..calls.len()).map(|_| None).collect();
+        let mut misses: Vec<(usize, Cacheable)> = Vec::new();
+        let mut down: Vec<(usize, Option<Cacheable>)> = Vec::new();
+        for (i, call) in calls.iter().enumerate() {
+            match plan(call.method(), call.req.params_text(), &view) {
                 Plan::Local(value) => results[i] = Some(Ok(local(value))),
-                Plan::Cache(plan) => cached.push((i, plan)),
-                Plan::Pass => passed.push(i),
+                Plan::Cache(plan) => match self.shared.memory.get(&plan.key) {
+                    Some(entry) => {
+                        metrics::counter!("sluice_cache_hits_total", "tier" => "memory").increment(1);
+                        metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
+                        results[i] =
+                            Some(Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory }));
+                    }
+                    None => misses.push((i, plan)),
+                },
+                Plan::Pass => down.push((i, None)),
             }
         }
-        // Cacheable calls each go through the cache (and coalescing); the rest as one batch.
-        let cached_answers = futures_util::future::join_all(
-            cached.into_iter().map(|(i, plan)| async move { (i, self.cached(reqs[i], plan).await) }),
-        );
-        let pass_reqs: Vec<&Call> = passed.iter().map(|&i| reqs[i]).collect();
-        let pass_answers = async {
-            match pass_reqs.len() {
-                0 => Vec::new(),
-                1 => vec![self.shared.inner.call(pass_reqs[0]).await],
-                _ => self.shared.inner.call_batch(&pass_reqs).await,
+        let shared = &self.shared;
+        let looked_up = futures_util::future::join_all(
+            misses.into_iter().map(|(i, plan)| async move { (i, from_redis(shared, &plan).await, plan) }),
+        )
+        .await;
+        for (i, hit, plan) in looked_up {
+            match hit {
+                Some(Fetched { outcome, source }) => results[i] = Some(Ok(Answer { outcome, source })),
+                None => {
+                    metrics::counter!("sluice_cache_misses_total").increment(1);
+                    down.push((i, Some(plan)));
+                }
             }
+        }
+        let mut sent: Vec<(usize, Option<Cacheable>, Call)> = Vec::with_capacity(down.len());
+        for (i, plan) in down {
+            match plan.as_ref().map(|p| forwarded(calls[i], p)) {
+                Some(Err(e)) => results[i] = Some(Err(e)),
+                Some(Ok(call)) => sent.push((i, plan, call)),
+                None => sent.push((i, None, calls[i].clone())),
+            }
+        }
+        let refs: Vec<&Call> = sent.iter().map(|(_, _, c)| c).collect();
+        let answers = match refs.len() {
+            0 => Vec::new(),
+            1 => vec![self.shared.inner.call(refs[0]).await],
+            _ => self.shared.inner.call_batch(&refs).await,
         };
-        let (cached_answers, pass_answers) = tokio::join!(cached_answers, pass_answers);
-        for (i, answer) in cached_answers {
-            results[i] = Some(answer);
-        }
-        for (i, answer) in passed.into_iter().zip(pass_answers) {
+        for ((i, plan, _), answer) in sent.into_iter().zip(answers) {
+            if let (Some(plan), Ok(answer)) = (plan, &answer) {
+                store(&self.shared, plan, &answer.outcome);
+            }
             results[i] = Some(answer);
         }
         results.into_iter().map(|r| r.unwrap_or(Err(UpstreamError::InvalidResponse("no answer")))).collect()

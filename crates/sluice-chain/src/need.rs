@@ -102,7 +102,11 @@ pub fn block_position(method: &str) -> Option<(usize, bool)> {
         | "eth_getUncleCountByBlockNumber"
         | "eth_getUncleByBlockNumberAndIndex" => (0, false),
         "eth_getBlockReceipts" => (0, true),
-        "eth_getBalance" | "eth_getCode" | "eth_getTransactionCount" | "eth_call" | "eth_estimateGas"
+        "eth_getBalance"
+        | "eth_getCode"
+        | "eth_getTransactionCount"
+        | "eth_call"
+        | "eth_estimateGas"
         | "eth_createAccessList" => (1, true),
         "eth_feeHistory" => (1, false),
         "eth_getStorageAt" | "eth_getProof" => (2, true),
@@ -125,7 +129,11 @@ fn hash_position(method: &str) -> Option<usize> {
 fn logs_need(params: &str) -> BlockNeed {
     let Some(Value::Object(filter)) = nth(params, 0) else { return BlockNeed::Any };
     if let Some(Value::String(hash)) = filter.get("blockHash") {
-        return if is_hash(hash) { BlockNeed::Hash { hash: hash.to_ascii_lowercase(), number: None } } else { BlockNeed::Any };
+        return if is_hash(hash) {
+            BlockNeed::Hash { hash: hash.to_ascii_lowercase(), number: None }
+        } else {
+            BlockNeed::Any
+        };
     }
     let bound = |field: &str| match filter.get(field) {
         None => Some(BlockTag::Latest),
@@ -192,10 +200,10 @@ mod tests {
 
     #[test]
     fn log_filters() {
-        assert_eq!(BlockNeed::of("eth_getLogs", r#"[{"fromBlock":"0x1","toBlock":"0x9"}]"#), BlockNeed::Range {
-            from: 1,
-            to: 9
-        });
+        assert_eq!(
+            BlockNeed::of("eth_getLogs", r#"[{"fromBlock":"0x1","toBlock":"0x9"}]"#),
+            BlockNeed::Range { from: 1, to: 9 }
+        );
         assert_eq!(BlockNeed::of("eth_getLogs", r#"[{"fromBlock":"0x1"}]"#), BlockNeed::Head);
         assert_eq!(BlockNeed::of("eth_getLogs", r#"[{}]"#), BlockNeed::Head);
         assert_eq!(BlockNeed::of("eth_getLogs", r#"[{"fromBlock":"latest","toBlock":"0x9"}]"#), BlockNeed::Number(9));

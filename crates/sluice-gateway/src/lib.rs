@@ -104,12 +104,15 @@ impl Gateway {
     }
 }
 
+/// A tier's own method lists: its name, denied patterns, allowed patterns.
+pub type TierLists = (String, Vec<String>, Vec<String>);
+
 /// Assembles a [`Gateway`] once; nothing can be added after it is shared.
 pub struct GatewayBuilder {
     upstreams: Arc<dyn Upstreams>,
     limits: Limits,
     policy: policy::MethodPolicy,
-    access: Option<(sluice_access::Access, Vec<(String, Vec<String>, Vec<String>)>)>,
+    access: Option<(sluice_access::Access, Vec<TierLists>)>,
     local_feeds: Option<Arc<dyn LocalFeeds>>,
     subscription_url: Option<String>,
     upstream_timeout: Duration,
@@ -142,7 +145,7 @@ impl GatewayBuilder {
 
     /// API keys, tiers and quotas; `tiers` gives each tier's own method lists (deny, allow),
     /// added to the global policy.
-    pub fn access(mut self, access: sluice_access::Access, tiers: Vec<(String, Vec<String>, Vec<String>)>) -> Self {
+    pub fn access(mut self, access: sluice_access::Access, tiers: Vec<TierLists>) -> Self {
         self.access = Some((access, tiers));
         self
     }
@@ -180,13 +183,8 @@ impl GatewayBuilder {
             AccessControl { access, policies, usage: Default::default() }
         });
         let readiness = self.readiness.unwrap_or_else(|| self.upstreams.clone());
-        let pipeline = Pipeline::new(
-            self.upstreams,
-            self.limits.max_batch_len,
-            self.limits.max_in_flight,
-            self.policy,
-            access,
-        );
+        let pipeline =
+            Pipeline::new(self.upstreams, self.limits.max_batch_len, self.limits.max_in_flight, self.policy, access);
         Arc::new(Gateway {
             pipeline,
             sessions: Arc::new(tokio::sync::Semaphore::new(self.limits.max_connections)),

@@ -37,6 +37,15 @@ pub enum Fault {
         /// A method to fail.
         fail_method: Option<&'static str>,
     },
+    /// Relays to a real node, except that every `every`-th request (counting from the first)
+    /// gets the next fault of a cycle: connection closed without an answer, a non-JSON body,
+    /// HTTP 500, a truncated answer. Every body is recorded.
+    FaultyRelay {
+        /// The real node's URL.
+        to: String,
+        /// One request in this many is faulted.
+        every: usize,
+    },
     /// A node with a fixed capacity: answers `{"result":"0x1"}` after `service`, at most
     /// `slots.available_permits()` requests at a time; the rest wait their turn (build it
     /// with [`Fault::capacity`]).
@@ -119,7 +128,7 @@ async fn answer(
     started: tokio::time::Instant,
 ) -> std::io::Result<()> {
     let body = read_request(&mut stream).await?;
-    counter.fetch_add(1, Ordering::SeqCst);
+    let n = counter.fetch_add(1, Ordering::SeqCst);
     log.lock().unwrap().push(String::from_utf8_lossy(&body).into_owned());
     let ok = |body: &[u8]| {
         let id = serde_json::from_slice::<serde_json::Value>(body).ok().map(|v| v["id"].clone()).unwrap_or_default();
@@ -132,6 +141,18 @@ async fn answer(
             stream.write_all(br#"{"jsonrpc":"2.0","id":1,"res"#).await?;
             return stream.shutdown().await;
         }
+        Fault::FaultyRelay { every, .. } if every > 0 && n % every == every - 1 => match (n / every) % 4 {
+            0 => return stream.shutdown().await,
+            1 => (200, "<html>not json</html>".to_owned()),
+            2 => (500, "internal server error".to_owned()),
+            _ => {
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n";
+                stream.write_all(head.as_bytes()).await?;
+                stream.write_all(br#"[{"jsonrpc":"2.0","id":1,"res"#).await?;
+                return stream.shutdown().await;
+            }
+        },
+        Fault::FaultyRelay { to, .. } => relay(&to, body).await,
         Fault::Stall { at, stall } => {
             let now = started.elapsed();
             if now >= at && now < at + stall {

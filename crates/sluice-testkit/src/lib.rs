@@ -6,7 +6,9 @@
 //! * [`FakeUpstream`]: a fault-injecting fake node (hangs, garbage, slowness) — never used for
 //!   correct answers.
 //!
-//! Nothing here fakes a node. Missing tools fail loudly with the command that installs them.
+//! Correct answers always come from a real node: the fake upstream only injects faults,
+//! counts calls, or stands in where sluice's own speed is measured. Missing tools fail loudly
+//! with the command that installs them.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;

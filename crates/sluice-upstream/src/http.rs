@@ -185,7 +185,8 @@ impl HttpUpstream {
             for env in envelopes {
                 let slot = env.numeric_id().and_then(|id| id.checked_sub(first)).map(|i| i as usize);
                 if let Some(slot) = slot.filter(|&i| i < reqs.len()) {
-                    results[slot] = env.into_outcome().ok_or(UpstreamError::InvalidResponse("answer has no result or error"));
+                    results[slot] =
+                        env.into_outcome().ok_or(UpstreamError::InvalidResponse("answer has no result or error"));
                 }
             }
             results

@@ -57,8 +57,11 @@ pub trait Node: Send + Sync + 'static {
     fn timeout(&self) -> Duration;
     /// Sends calls in one exchange (one JSON-RPC batch); one outcome per call, in order.
     /// `Err` when the exchange as a whole failed.
-    async fn send(&self, reqs: &[&Request], timeout: Duration)
-        -> Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>;
+    async fn send(
+        &self,
+        reqs: &[&Request],
+        timeout: Duration,
+    ) -> Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>;
 }
 
 /// An answer and where it came from.

@@ -124,7 +124,7 @@ async fn hanging_upstream_times_out() {
         config.path(),
         // Nothing else may call the fake: the count below is the gateway's alone.
         format!(
-            "[cache]\nenabled = false\n[mempool]\nenabled = false\n[[upstreams]]\nurl = \"{}\"\ntimeout = \"300ms\"\n",
+            "[cache]\nenabled = false\n[mempool]\nenabled = false\n[pool]\nmax_attempts = 1\n[[upstreams]]\nurl = \"{}\"\ntimeout = \"300ms\"\n",
             fake.url
         ),
     )
@@ -143,7 +143,9 @@ async fn hanging_upstream_times_out() {
         assert_eq!(error_code(item), -32002);
         assert_eq!(item["error"]["data"]["reason"], "timeout");
     }
-    assert_eq!(fake.requests(), 1, "a batch is one upstream call");
+    // The prober reads heads with eth_getBlockByNumber; the batch is the only eth_chainId.
+    assert_eq!(fake.requests_for("eth_chainId"), 1, "a batch is one upstream call");
+    assert_eq!(fake.requests_for("eth_blockNumber"), 1, "in the same request");
 }
 
 #[tokio::test]

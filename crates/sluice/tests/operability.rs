@@ -73,7 +73,7 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
         async move { post(&client, &url, r#"{"jsonrpc":"2.0","id":5,"method":"eth_chainId"}"#).await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(fake.requests(), 1, "the request reached the upstream");
+    assert_eq!(fake.requests_for("eth_chainId"), 1, "the request reached the upstream");
     let started = Instant::now();
     sluice.terminate();
     let (status, answer) = in_flight.await.unwrap();

@@ -170,7 +170,7 @@ impl<N: Node> Pool<N> {
                 return answer;
             }
         }
-        attempts.finish()
+        attempts.finish().map_err(|e| self.unavailable(e))
     }
 
     /// When a call must be answered by: its caller's deadline or the pool's, the sooner.

@@ -41,7 +41,13 @@ impl<N: Node> Pool<N> {
         let send_calls: Vec<&Call> = sends.iter().map(|&i| calls[i]).collect();
         let read_calls: Vec<&Call> = reads.iter().map(|&i| calls[i]).collect();
         let (sent, read) = tokio::join!(
-            async { if send_calls.is_empty() { Vec::new() } else { self.broadcast(&send_calls).await } },
+            async {
+                if send_calls.is_empty() {
+                    Vec::new()
+                } else {
+                    self.broadcast(&send_calls).await
+                }
+            },
             self.grouped(&read_calls)
         );
         let mut out: Vec<Option<Result<Answer, UpstreamError>>> = (0..calls.len()).map(|_| None).collect();
@@ -64,7 +70,7 @@ impl<N: Node> Pool<N> {
         while !pending.is_empty() {
             let (groups, exhausted) = group(pending.drain(..).map(|c| (c, attempts[c].next())));
             for c in exhausted {
-                out[c] = Some(attempts[c].finish());
+                out[c] = Some(attempts[c].finish().map_err(|e| self.unavailable(e)));
             }
             if groups.is_empty() {
                 break;
@@ -103,14 +109,16 @@ impl<N: Node> Pool<N> {
         }
         let limit = self.members[member].state().batch_limit.unwrap_or(self.members[member].max_batch);
         let parts = chunks(reqs.len(), limit);
-        let sent = futures_util::future::join_all(parts.iter().map(|range| self.send_chunk(member, &reqs[range.clone()])));
+        let sent =
+            futures_util::future::join_all(parts.iter().map(|range| self.send_chunk(member, &reqs[range.clone()])));
         sent.await.into_iter().flatten().collect()
     }
 
     async fn send_chunk(&self, member: usize, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
         let mut out = Vec::with_capacity(reqs.len());
         // Ranges still to send, first to last.
-        let mut todo = vec![0..reqs.len()];
+        let mut todo = Vec::with_capacity(4);
+        todo.push(0..reqs.len());
         while let Some(range) = todo.pop() {
             let outcomes = self.exchange(member, &reqs[range.clone()]).await;
             let refused = range.len() > 1 && outcomes.iter().all(|o| matches!(o, Err(UpstreamError::BatchRefused)));
@@ -213,7 +221,8 @@ mod tests {
 
     #[test]
     fn transaction_hash_is_keccak_of_the_raw_bytes() {
-        let req = |p: &str| Request::new(Some(Id::number(1)), "eth_sendRawTransaction", RawValue::from_string(p.into()).ok());
+        let req =
+            |p: &str| Request::new(Some(Id::number(1)), "eth_sendRawTransaction", RawValue::from_string(p.into()).ok());
         // keccak256 of the empty input.
         let hash = tx_hash(&req(r#"["0x"]"#)).unwrap();
         assert_eq!(hash.get(), "\"0xc5d2460186f7233c927e7db2dcc703c0e500b653ca82273b7bfad8045d85a470\"");

@@ -19,6 +19,11 @@ pub fn judge_error(error: &RawValue) -> Verdict {
     let value: serde_json::Value = serde_json::from_str(error.get()).unwrap_or_default();
     let code = value["code"].as_i64().unwrap_or(0);
     let message = value["message"].as_str().unwrap_or("").to_ascii_lowercase();
+    if too_large(&message) {
+        // The answer would be too large for this node's limits: another node may have larger
+        // ones. Not a failure of the node (its circuit stays closed).
+        return Verdict::TryAnother;
+    }
     match code {
         codes::METHOD_NOT_FOUND => Verdict::TryAnother,
         // Overloaded or rate-limited providers, and internal failures of the node itself.
@@ -33,6 +38,22 @@ pub fn judge_error(error: &RawValue) -> Verdict {
         }
         _ => Verdict::Final, // reverted, invalid params, nonce too low, …
     }
+}
+
+/// Wordings of nodes and providers refusing a query whose answer would be too large.
+fn too_large(message: &str) -> bool {
+    [
+        "query returned more than",
+        "more than 10000 results",
+        "response size exceeded",
+        "response size should not",
+        "log response size exceeded",
+        "block range",
+        "range too large",
+        "too many results",
+    ]
+    .iter()
+    .any(|w| message.contains(w))
 }
 
 /// "I do not have that block (or its state)", in the wordings of geth, reth, erigon,
@@ -53,6 +74,7 @@ pub fn is_missing_block(error: &RawValue) -> bool {
             "state is not available",
             "pruned",
             "distance to target block exceeds",
+            "blockoutofrange", // anvil: "BlockOutOfRangeError: block height is 2 but requested was 9"
         ]
         .iter()
         .any(|w| message.contains(w))
@@ -97,6 +119,8 @@ mod tests {
         assert_eq!(judge_error(&raw(r#"{"code":-32000,"message":"Too Many Requests"}"#)), Verdict::RetryElsewhere);
         assert_eq!(judge_error(&raw(r#"{"code":-32603,"message":"internal"}"#)), Verdict::RetryElsewhere);
         assert_eq!(judge_error(&raw(r#"{"code":-32601,"message":"no such method"}"#)), Verdict::TryAnother);
+        let too_large = r#"{"code":-32005,"message":"query returned more than 10000 results"}"#;
+        assert_eq!(judge_error(&raw(too_large)), Verdict::TryAnother, "the query's size, not the node's health");
     }
 
     #[test]
@@ -107,6 +131,7 @@ mod tests {
             r#"{"code":-32000,"message":"missing trie node 0xab (path ) state 0xab is not available"}"#,
             r#"{"code":-32000,"message":"unknown block"}"#,
             r#"{"code":4444,"message":"pruned history unavailable"}"#,
+            r#"{"code":-32602,"message":"BlockOutOfRangeError: block height is 2 but requested was 153"}"#,
         ] {
             assert!(is_missing_block(&raw(m)), "{m}");
         }

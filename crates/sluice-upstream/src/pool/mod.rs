@@ -142,6 +142,8 @@ struct State {
     batch_limit: Option<usize>,
     /// Answers of "no such block" from this member, for `/status`.
     missing_blocks: u64,
+    /// Why its last exchange failed, if it did: what a caller is told while its circuit is open.
+    last_error: Option<UpstreamError>,
 }
 
 impl State {
@@ -222,6 +224,7 @@ impl<N: Node> Pool<N> {
                     known_hashes: VecDeque::new(),
                     batch_limit: None,
                     missing_blocks: 0,
+                    last_error: None,
                 }),
             })
             .collect();
@@ -323,6 +326,7 @@ impl<N: Node> Pool<N> {
                 Err(_) => false,
             };
             let mut state = member.state();
+            state.last_error = answer.as_ref().err().cloned();
             state.health.record(started.elapsed(), healthy);
             if healthy {
                 state.recent.push(started.elapsed());
@@ -333,12 +337,23 @@ impl<N: Node> Pool<N> {
             drop(state);
             match answer {
                 Ok(outcomes) if outcomes.len() == sent.len() => results.extend(outcomes),
-                Ok(_) => results.extend(sent.iter().map(|_| Err(UpstreamError::InvalidResponse("batch answer missing")))),
+                Ok(_) => {
+                    results.extend(sent.iter().map(|_| Err(UpstreamError::InvalidResponse("batch answer missing"))))
+                }
                 Err(e) => results.extend(sent.iter().map(|_| Err(e.clone()))),
             }
         }
         results.extend(refused.iter().map(|_| Err(UpstreamError::BudgetExhausted)));
         results
+    }
+
+    /// What to tell a caller no member could take: the most telling recent failure of a member
+    /// whose circuit is open (`unreachable`, `timeout`, …), else `NoneAvailable`.
+    fn unavailable(&self, error: UpstreamError) -> UpstreamError {
+        if error != UpstreamError::NoneAvailable {
+            return error;
+        }
+        self.members.iter().find_map(|m| m.state().last_error.clone()).unwrap_or(error)
     }
 
     /// Notes what an answer taught about member `i`.

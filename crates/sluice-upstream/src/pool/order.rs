@@ -35,45 +35,44 @@ pub enum Order {
 
 /// Orders the members for a call that needs `needs`:
 /// * left out: members whose filter refuses the method, open circuits, and members over budget;
-/// * a call for a head-bound read skips members more than `max_lag` behind the best head;
+/// * a head-bound read skips members more than `max_lag` behind the best head;
 /// * a call that needs block `n` (or a range up to `n`) goes only to members whose head is at
-///   least `n`, while any member's is; one that needs hash `h` only to members known to have
-///   `h`, while any is known to (and else by its height, when known). When no member's known
-///   blocks cover the need, every member may be asked: probes lag behind the chain, and the
-///   node that does not have the block says so;
-/// * then by tier, idle before busy, and score.
+///   least `n`, while any member's is. One that needs hash `h` goes to members known to have
+///   `h`, then to members whose head covers its height (nodes of one pool follow one chain).
+///   When no member's known blocks cover the need, every member may be asked, highest head
+///   first: probes lag behind the chain, and a node that lacks the block says so (the pool
+///   then asks another);
+/// * then by tier, coverage, idle before busy, and score.
 pub fn order(needs: &BlockNeed, members: &[MemberView], max_lag: u64) -> Order {
     let best = members.iter().filter_map(|m| m.head).max();
-    let available: Vec<usize> = (0..members.len()).filter(|&i| members[i].serves && members[i].circuit_allows).collect();
-    let covers = |m: &MemberView| -> bool {
+    // 0: known to have the block, 1: its head covers it, None: not known to.
+    let coverage = |m: &MemberView| -> Option<u8> {
         match needs {
-            BlockNeed::Any => true,
+            BlockNeed::Any => Some(0),
             BlockNeed::Head => match (best, m.head) {
-                (Some(best), Some(head)) => best.saturating_sub(head) <= max_lag,
-                _ => true,
+                (Some(best), Some(head)) => (best.saturating_sub(head) <= max_lag).then_some(0),
+                _ => Some(0),
             },
-            BlockNeed::Hash { number: None, .. } => false,
+            BlockNeed::Hash { .. } if m.has_hash => Some(0),
             _ => match (needs.highest(), m.head) {
-                (Some(n), Some(head)) => head >= n,
-                _ => false,
+                (Some(n), Some(head)) if head >= n => Some(1),
+                // Not probed yet: it may well have the block.
+                (Some(_), None) => Some(1),
+                _ => None,
             },
         }
     };
-    let known: Vec<usize> = match needs {
-        BlockNeed::Hash { .. } => available.iter().copied().filter(|&i| members[i].has_hash).collect(),
-        _ => Vec::new(),
-    };
-    let covering: Vec<usize> = if known.is_empty() {
-        available.iter().copied().filter(|&i| covers(&members[i])).collect()
-    } else {
-        known
-    };
-    let fallback = needs.is_specific() && covering.is_empty();
-    // Nobody is known to have the block: ask those that may, highest head first (below).
-    let eligible = if fallback { available } else { covering };
+    let available = (0..members.len()).filter(|&i| members[i].serves && members[i].circuit_allows);
+    let classed: Vec<(usize, Option<u8>)> = available.map(|i| (i, coverage(&members[i]))).collect();
+    let fallback = needs.is_specific() && classed.iter().all(|(_, c)| c.is_none());
     let mut over_budget = false;
-    let mut ranked: Vec<(u8, bool, u64, f64, usize)> = Vec::with_capacity(eligible.len());
-    for i in eligible {
+    let mut ranked: Vec<(u8, u8, bool, u64, f64, usize)> = Vec::with_capacity(classed.len());
+    for (i, class) in classed {
+        let class = match (class, fallback) {
+            (Some(class), _) => class,
+            (None, true) => 2,
+            (None, false) => continue,
+        };
         let m = &members[i];
         if !m.within_budget {
             over_budget = true;
@@ -85,12 +84,14 @@ pub fn order(needs: &BlockNeed, members: &[MemberView], max_lag: u64) -> Order {
             (true, Some(_), None) => u64::MAX,
             _ => 0,
         };
-        ranked.push((m.tier, m.busy, behind, m.score, i));
+        ranked.push((m.tier, class, m.busy, behind, m.score, i));
     }
     if ranked.is_empty() && over_budget {
         return Order::OverBudget;
     }
-    ranked.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.total_cmp(&b.3)));
+    ranked.sort_by(|a, b| {
+        a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)).then(a.4.total_cmp(&b.4))
+    });
     Order::Try(ranked.into_iter().map(|(.., i)| i).collect())
 }
 
@@ -157,6 +158,10 @@ mod tests {
         assert_eq!(tried(order(&BlockNeed::Range { from: 10, to: 79 }, &members, 5)), [2, 1]);
         // Beyond every known head (the block was just mined): everyone, highest head first.
         assert_eq!(tried(order(&BlockNeed::Number(81), &members, 5)), [1, 2, 0]);
+        // A member not probed yet may have it.
+        let mut unknown = member(0, 1.0);
+        unknown.head = None;
+        assert_eq!(tried(order(&BlockNeed::Number(80), &[member(80, 9.0), unknown], 5)), [1, 0]);
     }
 
     #[test]
@@ -166,7 +171,8 @@ mod tests {
         let members = [member(60, 1.0), has];
         let need = |number| BlockNeed::Hash { hash: "0xab".into(), number };
         assert_eq!(tried(order(&need(None), &members, 5)), [1]);
-        assert_eq!(tried(order(&need(Some(55)), &members, 5)), [1]);
+        assert_eq!(tried(order(&need(Some(55)), &members, 5)), [1, 0], "known first, then by height");
+        assert_eq!(tried(order(&need(Some(61)), &members, 5)), [1]);
         let unknown = [member(60, 1.0), member(50, 0.5)];
         assert_eq!(tried(order(&need(Some(55)), &unknown, 5)), [0], "by its height");
         assert_eq!(tried(order(&need(None), &unknown, 5)), [0, 1], "nothing known: highest head first");

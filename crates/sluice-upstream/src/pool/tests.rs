@@ -61,7 +61,10 @@ impl Counts {
     }
 }
 
-fn node(name: &str, behaviour: impl Fn(&Request, usize) -> Result<Outcome, UpstreamError> + Send + Sync + 'static) -> (MemberConfig<TestNode>, Counts) {
+fn node(
+    name: &str,
+    behaviour: impl Fn(&Request, usize) -> Result<Outcome, UpstreamError> + Send + Sync + 'static,
+) -> (MemberConfig<TestNode>, Counts) {
     let exchanges = Arc::new(AtomicUsize::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
     let node = TestNode {
@@ -167,7 +170,11 @@ async fn a_refused_batch_size_is_halved_until_the_node_takes_it() {
 #[tokio::test]
 async fn batch_elements_fail_over_one_by_one() {
     // Member a fails every other call; b answers everything.
-    let (a, _) = node("a", |r, _| if r.params_text().contains("\"0x1\"") { Err(UpstreamError::Unreachable) } else { ok("\"a\"") });
+    let (a, _) =
+        node(
+            "a",
+            |r, _| if r.params_text().contains("\"0x1\"") { Err(UpstreamError::Unreachable) } else { ok("\"a\"") },
+        );
     let (mut b, _) = node("b", |_, _| ok("\"b\""));
     b.tier = 1;
     let pool = Pool::without_prober(vec![a, b], config());

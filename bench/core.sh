@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The request path's own cost, against the machine's limits measured in the same run:
+#   * pass-through (cache and coalescing off) against a bare hyper forwarder to the same anvil;
+#   * cached answers (eth_blockNumber; a block with 200 full transactions) against a bare server
+#     answering the very same bytes.
+# wrk is the generator (light; -t1 so that it takes one core at most). Rows alternate targets.
+#   DURATION=10s ROUNDS=2 bash bench/core.sh
+source "$(dirname "$0")/lib.sh"
+ROUNDS=${ROUNDS:-2}
+cargo build --release -q -p sluice-bench --bin sluice-baseline
+BASELINE=target/release/sluice-baseline
+
+start_baseline() {  # start_baseline VAR ARGS…: sets VAR to its URL
+  local var=$1 port; shift
+  port=$(free_port)
+  "$BASELINE" --listen "127.0.0.1:$port" "$@" >/dev/null &
+  pids+=($!)
+  printf -v "$var" 'http://127.0.0.1:%s' "$port"
+  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" -d '{}' && return; sleep 0.1; done
+  echo "baseline did not start" >&2; exit 1
+}
+
+start_anvil
+# A block with 200 full transactions: mine them together.
+rpc "$ANVIL_URL" evm_setAutomine '[false]' >/dev/null
+for i in $(seq 200); do
+  rpc "$ANVIL_URL" eth_sendTransaction \
+    '[{"from":"0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266","to":"0x70997970c51812dc3a010c7d01b50e0d17dc79c8","value":"0x1"}]' >/dev/null
+done
+rpc "$ANVIL_URL" evm_mine '[]' >/dev/null
+rpc "$ANVIL_URL" evm_setAutomine '[true]' >/dev/null
+BIG=$(rpc "$ANVIL_URL" eth_blockNumber '[]' | python3 -c 'import json,sys; print(json.load(sys.stdin)["result"])')
+
+start_sluice PASS SLUICE_CACHE__ENABLED=false SLUICE_CACHE__COALESCE=false
+start_sluice CACHED
+start_baseline FORWARD forward --to "$ANVIL_URL"
+
+lua chainid '{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
+lua balance '{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266","0x0"]}'
+lua number '{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
+lua block "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"eth_getBlockByNumber\",\"params\":[\"$BIG\",true]}"
+
+# The bare servers answer exactly the bytes sluice answers from its cache.
+for name in number block; do
+  body=$(python3 -c "import re,sys; print(re.search(r\"wrk.body = '(.*)'\", open('$work/$name.lua').read()).group(1))")
+  for _ in 1 2; do curl -sf "$CACHED" -H 'content-type: application/json' -d "$body" -o "$work/$name.answer"; done
+done
+start_baseline FIXED_SMALL fixed --body-file "$work/number.answer"
+start_baseline FIXED_LARGE fixed --body-file "$work/block.answer"
+large_bytes=$(stat -c %s "$work/block.answer")
+
+wrk1() { wrk -t1 -c"$1" -d"$DURATION" --latency -s "$work/$2.lua" "$3/" | grep '^RESULT' | cut -d' ' -f2-; }
+
+row() {  # row LABEL CONCURRENCY SCRIPT BASELINE_URL SLUICE_URL: best of ROUNDS alternating runs each
+  local best_b=0 best_s=0 b_p50="" s_p50="" rps p50 p99
+  for _ in $(seq "$ROUNDS"); do
+    read -r rps p50 p99 _ _ < <(wrk1 "$2" "$3" "$4")
+    if [ "$rps" -gt "$best_b" ]; then best_b=$rps; b_p50=$p50; fi
+    read -r rps p50 p99 _ _ < <(wrk1 "$2" "$3" "$5")
+    if [ "$rps" -gt "$best_s" ]; then best_s=$rps; s_p50=$p50; fi
+  done
+  ratio=$(python3 -c "print(f'{$best_s/$best_b:.2f}')")
+  echo "| $1 | $2 | $best_b | $best_s | $ratio | $b_p50 | $s_p50 |"
+}
+
+echo "| case | c | baseline req/s | sluice req/s | sluice / baseline | baseline p50 µs | sluice p50 µs |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
+row "pass-through eth_chainId vs bare forwarder" 64 chainid "$FORWARD" "$PASS"
+row "pass-through eth_getBalance vs bare forwarder" 64 balance "$FORWARD" "$PASS"
+row "pass-through eth_chainId vs bare forwarder" 1 chainid "$FORWARD" "$PASS"
+row "cached eth_blockNumber vs bare server, same bytes" 64 number "$FIXED_SMALL" "$CACHED"
+row "cached block of 200 txs ($large_bytes bytes) vs bare server, same bytes" 64 block "$FIXED_LARGE" "$CACHED"
+echo
+echo "machine: $(nproc) cores, $(uname -m); wrk -t1, $DURATION per run, best of $ROUNDS alternating runs; anvil $("$ANVIL" --version | head -1 | cut -d' ' -f3); generator, sluice, baseline and anvil on the same machine"
