@@ -45,6 +45,12 @@ async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, within: D
     }
 }
 
+async fn served_by(client: &reqwest::Client, url: &str, body: &str) -> String {
+    let response =
+        client.post(url).header("content-type", "application/json").body(body.to_owned()).send().await.unwrap();
+    response.headers().get("x-sluice-served-by").map(|v| v.to_str().unwrap_or_default().to_owned()).unwrap_or_default()
+}
+
 async fn status(client: &reqwest::Client, sluice: &Sluice) -> Value {
     client.get(format!("{}/status", sluice.http_url())).send().await.unwrap().json().await.unwrap()
 }
@@ -148,8 +154,9 @@ url = "{}"
     ));
     let client = reqwest::Client::new();
     let url = net.sluice.http_url();
-    wait_until("the head is known", Duration::from_secs(10), || async {
-        status(&client, &net.sluice).await["best_head"].is_u64()
+    wait_until("the head tracker has a head", Duration::from_secs(10), || {
+        let (client, url) = (client.clone(), url.clone());
+        async move { served_by(&client, &url, &call(json!(1), "eth_blockNumber", &json!([])).to_string()).await == "local" }
     })
     .await;
     // A new block the head tracker has not seen (it polls every 30 s, through the relay).
@@ -290,14 +297,10 @@ async fn recent_blocks_are_cached_right_after_a_start() {
     rpc_result(&client, &anvil.http_url(), "anvil_mine", json!(["0x64"])).await;
     let sluice = Sluice::serve(BIN, &anvil.http_url(), &[]);
     let body = call(json!(1), "eth_getBlockByNumber", &json!(["0x32", false])).to_string();
-    let served_by = |client: reqwest::Client, url: String, body: String| async move {
-        let response = client.post(url).header("content-type", "application/json").body(body).send().await.unwrap();
-        response.headers().get("x-sluice-served-by").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default()
-    };
     // Block 50 of 100: older than the first head the tracker saw, not yet final on anvil.
     wait_until("block 50 is answered from the cache", Duration::from_secs(10), || {
         let (client, url, body) = (client.clone(), sluice.http_url(), body.clone());
-        async move { served_by(client, url, body).await == "cache-memory" }
+        async move { served_by(&client, &url, &body).await == "cache-memory" }
     })
     .await;
 }
