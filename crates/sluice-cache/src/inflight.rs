@@ -220,7 +220,7 @@ mod tests {
             self.calls.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(30)).await;
             let text = format!("\"{}\"", call.req.params_text().len());
-            Ok(Answer::upstream(Outcome::Result(RawValue::from_string(text).unwrap())))
+            Ok(Answer::upstream(Outcome::result(RawValue::from_string(text).unwrap())))
         }
     }
 

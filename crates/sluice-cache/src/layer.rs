@@ -18,6 +18,27 @@ use crate::memory::{Entry, MemoryTier};
 use crate::policy::{admit, plan, Cacheable, Plan};
 use crate::redis_tier::RedisTier;
 
+/// Counter handles for the hot path, registered once (on first use, after the recorder is in).
+struct Counters {
+    memory_hits: metrics::Counter,
+    saved: metrics::Counter,
+}
+
+fn counters() -> &'static Counters {
+    static COUNTERS: std::sync::OnceLock<Counters> = std::sync::OnceLock::new();
+    COUNTERS.get_or_init(|| Counters {
+        memory_hits: metrics::counter!("sluice_cache_hits_total", "tier" => "memory"),
+        saved: metrics::counter!("sluice_cache_upstream_calls_saved_total"),
+    })
+}
+
+/// A hit in the memory tier: counted, and the calls it saved.
+fn memory_hit() {
+    let c = counters();
+    c.memory_hits.increment(1);
+    c.saved.increment(1);
+}
+
 /// An answer fetched on a miss, shared with coalesced callers.
 #[derive(Clone)]
 struct Fetched {
@@ -77,8 +98,7 @@ impl CacheLayer {
 
     async fn cached(&self, call: &Call, plan: Cacheable) -> Result<Answer, UpstreamError> {
         if let Some(entry) = self.shared.memory.get(&plan.key) {
-            metrics::counter!("sluice_cache_hits_total", "tier" => "memory").increment(1);
-            metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
+            memory_hit();
             return Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory });
         }
         let (shared, request, key) = (self.shared.clone(), call.clone(), plan.key.clone());
@@ -116,6 +136,7 @@ async fn from_redis(shared: &Shared, plan: &Cacheable) -> Option<Fetched> {
     let chain_id = shared.view.borrow().chain_id;
     let (Some(redis), Some(chain_id)) = (&shared.redis, chain_id) else { return None };
     let (result, max_block) = redis.get(chain_id, &plan.key).await?;
+    let result: sluice_jsonrpc::SharedRaw = result.into();
     metrics::counter!("sluice_cache_hits_total", "tier" => "redis").increment(1);
     metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
     shared.memory.insert(plan.key.clone(), Entry { result: result.clone(), max_block });
@@ -149,7 +170,7 @@ fn store(shared: &Shared, plan: Cacheable, outcome: &Outcome) {
 
 fn local(value: serde_json::Value) -> Answer {
     let raw = serde_json::value::to_raw_value(&value).unwrap_or_default();
-    Answer { outcome: Outcome::Result(raw), source: Source::Local }
+    Answer { outcome: Outcome::Result(raw.into()), source: Source::Local }
 }
 
 #[async_trait]
@@ -176,8 +197,7 @@ impl Upstreams for CacheLayer {
                 Plan::Local(value) => results[i] = Some(Ok(local(value))),
                 Plan::Cache(plan) => match self.shared.memory.get(&plan.key) {
                     Some(entry) => {
-                        metrics::counter!("sluice_cache_hits_total", "tier" => "memory").increment(1);
-                        metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
+                        memory_hit();
                         results[i] =
                             Some(Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory }));
                     }

@@ -3,13 +3,12 @@
 use std::sync::Arc;
 
 use moka::notification::RemovalCause;
-use sluice_jsonrpc::RawValue;
 
 /// One cached result.
 #[derive(Debug)]
 pub struct Entry {
     /// The `result` member, raw.
-    pub result: Box<RawValue>,
+    pub result: sluice_jsonrpc::SharedRaw,
     /// The highest block the answer depends on, while it can still be reorganised; `None` when
     /// it can never change.
     pub max_block: Option<u64>,
@@ -75,7 +74,10 @@ mod tests {
     use super::*;
 
     fn entry(bytes: usize, max_block: Option<u64>) -> Entry {
-        Entry { result: RawValue::from_string(format!("\"{}\"", "x".repeat(bytes))).unwrap(), max_block }
+        Entry {
+            result: sluice_jsonrpc::RawValue::from_string(format!("\"{}\"", "x".repeat(bytes))).unwrap().into(),
+            max_block,
+        }
     }
 
     #[test]

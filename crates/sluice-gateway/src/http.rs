@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::pipeline::{Edge, Refused, Reply};
-use crate::telemetry::InFlight;
+use crate::telemetry::{InFlight, Transport};
 use crate::{ws, Gateway};
 
 /// Header naming what answered: `local`, `upstream` or `mixed`.
@@ -64,11 +64,11 @@ fn api_key(path: Option<String>, headers: &HeaderMap) -> Option<String> {
 
 /// The caller, or the refusal to send (401) when access control is on.
 fn identify(
-    state: &AppState,
+    gateway: &Gateway,
     key: Option<String>,
     headers: &HeaderMap,
 ) -> Result<Option<sluice_access::Caller>, Box<Response>> {
-    let Some(control) = state.gateway.access() else { return Ok(None) };
+    let Some(control) = gateway.access() else { return Ok(None) };
     let key = api_key(key, headers);
     control.access.identify(key.as_deref()).map(Some).map_err(|refusal| {
         metrics::counter!("sluice_access_refused_total", "tier" => "", "why" => "unauthorized").increment(1);
@@ -83,22 +83,39 @@ async fn rpc_with_key(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    serve_rpc(state, Some(key), headers, body).await
+    serve_rpc(&state.gateway, Some(key), &headers, body).await
 }
 
 async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    serve_rpc(state, None, headers, body).await
+    serve_rpc(&state.gateway, None, &headers, body).await
 }
 
-async fn serve_rpc(state: AppState, key: Option<String>, headers: HeaderMap, body: Body) -> Response {
-    let caller = match identify(&state, key, &headers) {
+/// The key a JSON-RPC POST path carries: `/` has none, `/KEY` has one; `None` for any other
+/// path (and for the operator endpoints), which the router answers.
+pub fn rpc_path(path: &str) -> Option<Option<&str>> {
+    match path.strip_prefix('/')? {
+        "" => Some(None),
+        "health" | "ready" | "metrics" | "status" => None,
+        key if !key.contains('/') => Some(Some(key)),
+        _ => None,
+    }
+}
+
+/// `POST /` and `POST /KEY`: the JSON-RPC endpoint, answered without the router (the server
+/// calls it directly for these paths; the router's routes to it stay for completeness).
+pub async fn serve_rpc<B>(gateway: &Gateway, key: Option<String>, headers: &HeaderMap, body: B) -> Response
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let caller = match identify(gateway, key, headers) {
         Ok(caller) => caller,
         Err(refusal) => return *refusal,
     };
-    let _in_flight = InFlight::start("http");
-    let id = request_id(&headers);
+    let _in_flight = InFlight::start(Transport::Http);
+    let id = request_id(headers);
     let span = tracing::debug_span!("rpc", request_id = %id);
-    let limits = &state.gateway.limits;
+    let limits = &gateway.limits;
     let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     // The body is read before admission: a slow sender holds no place among those answered.
     let bytes = if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
@@ -109,7 +126,7 @@ async fn serve_rpc(state: AppState, key: Option<String>, headers: HeaderMap, bod
     let (status, reply) = match bytes {
         Ok(bytes) => {
             let edge = Edge { caller: caller.as_ref() };
-            let reply = state.gateway.pipeline.handle(&bytes, edge).instrument(span).await;
+            let reply = gateway.pipeline.handle(&bytes, edge).instrument(span).await;
             (refusal_status(&reply), reply)
         }
         Err(refusal) => refusal,
@@ -140,7 +157,11 @@ fn refusal_status(reply: &Reply) -> StatusCode {
     }
 }
 
-async fn read_body(body: Body, limit: usize, deadline: Duration) -> Result<bytes::Bytes, (StatusCode, Reply)> {
+async fn read_body<B>(body: B, limit: usize, deadline: Duration) -> Result<bytes::Bytes, (StatusCode, Reply)>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
     match tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large(limit)),
@@ -161,15 +182,57 @@ fn too_large(limit: usize) -> (StatusCode, Reply) {
 
 fn respond(status: StatusCode, reply: Reply, request_id: &str) -> Response {
     let mut response = match reply.body {
-        Some(json) => (status, [(CONTENT_TYPE, "application/json")], json).into_response(),
-        None => status.into_response(),
+        Some(json) => {
+            let mut response = Response::new(Body::new(Chunks::new(json.into_chunks())));
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
+        None => Response::new(Body::empty()),
     };
+    *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(SERVED_BY, HeaderValue::from_static(reply.served_by.as_str()));
     if let Ok(value) = HeaderValue::from_str(request_id) {
         headers.insert(REQUEST_ID, value);
     }
     response
+}
+
+/// A response body of chunks written together (hyper writes them with one vectored write).
+struct Chunks {
+    chunks: std::collections::VecDeque<bytes::Bytes>,
+    remaining: u64,
+}
+
+impl Chunks {
+    fn new(chunks: Vec<bytes::Bytes>) -> Self {
+        let remaining = chunks.iter().map(|c| c.len() as u64).sum();
+        Self { chunks: chunks.into_iter().filter(|c| !c.is_empty()).collect(), remaining }
+    }
+}
+
+impl http_body::Body for Chunks {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let next = self.chunks.pop_front();
+        if let Some(chunk) = &next {
+            self.remaining -= chunk.len() as u64;
+        }
+        std::task::Poll::Ready(next.map(|c| Ok(http_body::Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.remaining)
+    }
 }
 
 async fn upgrade_with_key(
@@ -195,7 +258,7 @@ async fn serve_upgrade(
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let caller = match identify(&state, key, &headers) {
+    let caller = match identify(&state.gateway, key, &headers) {
         Ok(caller) => caller,
         Err(refusal) => return *refusal,
     };

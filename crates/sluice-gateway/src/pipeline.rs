@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use sluice_access::{Caller, Refusal};
 use sluice_jsonrpc::{
-    codes, parse_body, write_responses, ErrorObject, Id, Incoming, Invalid, Outcome, Request, Response,
+    codes, parse_body, write_chunks, write_responses, ErrorObject, Id, Incoming, Invalid, Outcome, Request, Response,
 };
 use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 
@@ -68,11 +68,43 @@ pub enum Refused {
 #[derive(Debug)]
 pub struct Reply {
     /// The JSON to send back; `None` when every call was a notification.
-    pub body: Option<Vec<u8>>,
+    pub body: Option<Payload>,
     /// What produced it.
     pub served_by: ServedBy,
     /// Set when the body was refused as a whole (the HTTP status and `Retry-After` follow).
     pub refused: Option<Refused>,
+}
+
+/// An answer's bytes, as chunks for one vectored write: large results are the cache's (or
+/// the upstream answer's) own bytes, never copied into the response.
+#[derive(Debug, Clone, Default)]
+pub struct Payload(Vec<bytes::Bytes>);
+
+impl Payload {
+    /// The chunks.
+    pub fn chunks(&self) -> &[bytes::Bytes] {
+        &self.0
+    }
+
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.iter().map(|c| c.len()).sum()
+    }
+
+    /// True when there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes in one piece (a WebSocket message, a test).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.0.concat()
+    }
+
+    /// The chunks, to hand to the network writer.
+    pub fn into_chunks(self) -> Vec<bytes::Bytes> {
+        self.0
+    }
 }
 
 /// Who sent a body, as the edge (HTTP handler, WebSocket session) identified it.
@@ -145,7 +177,7 @@ impl Pipeline {
             Err(refusal) => return refusal,
         };
         let (responses, served_by) = self.respond(items, edge).await;
-        let body = (!responses.is_empty()).then(|| write_responses(batch, &responses));
+        let body = (!responses.is_empty()).then(|| Payload(write_chunks(batch, &responses)));
         Reply { body, served_by, refused: None }
     }
 
@@ -280,7 +312,8 @@ impl Reply {
     /// A single error answer with a `null` id, for bodies that could not be read at all.
     pub fn local_error(e: ErrorObject) -> Self {
         let response = Response { id: Id::null(), outcome: e.into() };
-        Reply { body: Some(write_responses(false, &[response])), served_by: ServedBy::LOCAL, refused: None }
+        let body = Payload(vec![write_responses(false, &[response]).into()]);
+        Reply { body: Some(body), served_by: ServedBy::LOCAL, refused: None }
     }
 }
 
@@ -322,7 +355,7 @@ mod tests {
                     if self.fail {
                         return Err(UpstreamError::Unreachable);
                     }
-                    Ok(Answer::upstream(Outcome::Result(RawValue::from_string(format!("\"{}\"", c.method())).unwrap())))
+                    Ok(Answer::upstream(Outcome::result(RawValue::from_string(format!("\"{}\"", c.method())).unwrap())))
                 })
                 .collect()
         }
@@ -334,7 +367,7 @@ mod tests {
 
     async fn answer(p: &Pipeline, body: &str) -> (serde_json::Value, ServedBy) {
         let reply = p.handle(body.as_bytes(), Edge::default()).await;
-        let json = reply.body.map_or(serde_json::Value::Null, |b| serde_json::from_slice(&b).unwrap());
+        let json = reply.body.map_or(serde_json::Value::Null, |b| serde_json::from_slice(&b.to_vec()).unwrap());
         (json, reply.served_by)
     }
 

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
@@ -17,7 +16,7 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
     let limits = gateway.limits.clone();
     let upkeep = crate::telemetry::spawn_upkeep(gateway.metrics.clone());
     let (stop, stopping) = watch::channel(false);
-    let app = http::router(gateway, stopping.clone());
+    let app = http::router(gateway.clone(), stopping.clone());
     let mut builder = http1::Builder::new();
     // Slow or silent clients: headers must arrive within the client timeout.
     builder.timer(TokioTimer::new()).header_read_timeout(limits.client_timeout).keep_alive(true);
@@ -44,7 +43,23 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let (router, gateway) = (app.clone(), gateway.clone());
+        // JSON-RPC POSTs go straight to their handler; everything else through the router.
+        let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let (router, gateway) = (router.clone(), gateway.clone());
+            async move {
+                if req.method() == hyper::Method::POST {
+                    if let Some(key) = http::rpc_path(req.uri().path()) {
+                        let key = key.map(str::to_owned);
+                        let (parts, body) = req.into_parts();
+                        return Ok::<_, std::convert::Infallible>(
+                            http::serve_rpc(&gateway, key, &parts.headers, body).await,
+                        );
+                    }
+                }
+                tower::ServiceExt::oneshot(router, req).await
+            }
+        });
         let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
         let mut stopping = stopping.clone();
         tokio::spawn(async move {

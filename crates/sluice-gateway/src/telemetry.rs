@@ -114,30 +114,71 @@ pub fn method_label(method: &str) -> &'static str {
     KNOWN_METHODS.iter().find(|&&m| m == method).copied().unwrap_or("other")
 }
 
+thread_local! {
+    /// Counter handles by (method label, outcome), both `&'static str`s keyed by address: the
+    /// registry is asked once per pair and thread, not once per call.
+    static CALLS: std::cell::RefCell<std::collections::HashMap<(usize, usize), metrics::Counter>> =
+        std::cell::RefCell::default();
+}
+
 /// Counts one call.
 pub fn count_call(method: &str, outcome: &'static str) {
-    metrics::counter!("sluice_requests_total", "method" => method_label(method), "outcome" => outcome).increment(1);
+    let label = method_label(method);
+    let key = (label.as_ptr() as usize, outcome.as_ptr() as usize);
+    CALLS.with(|calls| {
+        calls
+            .borrow_mut()
+            .entry(key)
+            .or_insert_with(|| metrics::counter!("sluice_requests_total", "method" => label, "outcome" => outcome))
+            .increment(1);
+    });
+}
+
+/// The transports bodies arrive on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// An HTTP POST.
+    Http,
+    /// A WebSocket message.
+    Ws,
+}
+
+struct TransportHandles {
+    in_flight: metrics::Gauge,
+    duration: metrics::Histogram,
+}
+
+/// Handles registered once (after the recorder is installed: on first use).
+fn transport_handles(transport: Transport) -> &'static TransportHandles {
+    static HANDLES: OnceLock<[TransportHandles; 2]> = OnceLock::new();
+    let handles = HANDLES.get_or_init(|| {
+        ["http", "ws"].map(|t| TransportHandles {
+            in_flight: metrics::gauge!("sluice_requests_in_flight", "transport" => t),
+            duration: metrics::histogram!("sluice_request_duration_seconds", "transport" => t),
+        })
+    });
+    &handles[transport as usize]
 }
 
 /// Tracks one body in flight: counts it on creation, records its duration when dropped.
 pub struct InFlight {
-    transport: &'static str,
+    handles: &'static TransportHandles,
     started: std::time::Instant,
 }
 
 impl InFlight {
-    /// Starts tracking a body that arrived on `transport` (`http` or `ws`).
-    pub fn start(transport: &'static str) -> Self {
-        metrics::gauge!("sluice_requests_in_flight", "transport" => transport).increment(1.0);
-        Self { transport, started: std::time::Instant::now() }
+    /// Starts tracking a body that arrived on `transport`.
+    pub fn start(transport: Transport) -> Self {
+        let handles = transport_handles(transport);
+        handles.in_flight.increment(1.0);
+        Self { handles, started: std::time::Instant::now() }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        metrics::gauge!("sluice_requests_in_flight", "transport" => self.transport).decrement(1.0);
-        metrics::histogram!("sluice_request_duration_seconds", "transport" => self.transport)
-            .record(self.started.elapsed().as_secs_f64());
+        self.handles.in_flight.decrement(1.0);
+        self.handles.duration.record(self.started.elapsed().as_secs_f64());
     }
 }
 

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::pipeline::{Edge, Reply};
 use crate::route::is_subscription_method;
-use crate::telemetry::{self, InFlight};
+use crate::telemetry::{self, InFlight, Transport};
 use crate::Gateway;
 
 /// Messages waiting to be written to one client.
@@ -142,7 +142,7 @@ impl Session {
         let outbox = self.outbox.clone();
         let caller = self.caller.clone();
         tokio::spawn(async move {
-            let _in_flight = InFlight::start("ws");
+            let _in_flight = InFlight::start(Transport::Ws);
             let edge = Edge { caller: caller.as_ref() };
             let (responses, _) = gateway.pipeline.respond(items, edge).await;
             drop(admitted);
@@ -232,7 +232,7 @@ impl Session {
                     let client_id = new_subscription_id();
                     self.subscriptions.by_upstream.insert(upstream_id.clone(), client_id.clone());
                     self.subscriptions.by_client.insert(client_id.clone(), upstream_id);
-                    Outcome::Result(json_string(&client_id))
+                    Outcome::result(json_string(&client_id))
                 }
                 Err(_) => {
                     ErrorObject::new(codes::INTERNAL_ERROR, "upstream returned a malformed subscription id").into()
@@ -249,16 +249,16 @@ impl Session {
         };
         if let Some(task) = self.local.remove(&client_id) {
             task.abort();
-            return Outcome::Result(raw("true"));
+            return Outcome::result(raw("true"));
         }
         // An id this connection does not hold is answered `false`, never forwarded: ids are
         // per connection, and another client's subscription must stay out of reach.
         let Some(upstream_id) = self.subscriptions.by_client.remove(&client_id) else {
-            return Outcome::Result(raw("false"));
+            return Outcome::result(raw("false"));
         };
         self.subscriptions.by_upstream.remove(&upstream_id);
         let Some(upstream) = &self.subscriptions.upstream else {
-            return Outcome::Result(raw("true"));
+            return Outcome::result(raw("true"));
         };
         let params = serde_json::value::to_raw_value(&[&upstream_id]).ok();
         match upstream.call(Request::new(req.id.clone(), "eth_unsubscribe", params)).await {
@@ -282,7 +282,7 @@ impl Session {
             }
         });
         self.local.insert(client_id.clone(), task.abort_handle());
-        Some(Outcome::Result(json_string(&client_id)))
+        Some(Outcome::result(json_string(&client_id)))
     }
 
     /// Relays an upstream event under the client's id; false when the client cannot keep up.
@@ -305,7 +305,7 @@ impl Session {
     }
 
     async fn send(&self, reply: Reply) {
-        if let Some(body) = reply.body {
+        if let Some(body) = reply.body.map(|b| b.to_vec()) {
             let _ = self.outbox.send(text(body)).await;
         }
     }

@@ -1,24 +1,41 @@
 //! Building answers for callers and reading answers from upstream nodes.
 
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use crate::error::ErrorObject;
 use crate::request::Id;
 
+/// A validated JSON value shared without copying: an upstream answer is read once and then
+/// held by the cache, by coalesced callers and by the response writer alike.
+pub type SharedRaw = Arc<RawValue>;
+
 /// What a call produced: a raw result or a raw error object, both passed through unchanged.
 #[derive(Debug, Clone)]
 pub enum Outcome {
     /// The `result` member's JSON.
-    Result(Box<RawValue>),
+    Result(SharedRaw),
     /// The `error` member's JSON (from an upstream, or from an [`ErrorObject`]).
-    Error(Box<RawValue>),
+    Error(SharedRaw),
 }
 
 impl Outcome {
     /// An error produced by sluice itself.
     pub fn error(e: &ErrorObject) -> Self {
-        Outcome::Error(e.to_raw())
+        Outcome::Error(e.to_raw().into())
+    }
+
+    /// A result from raw JSON.
+    pub fn result(raw: Box<RawValue>) -> Self {
+        Outcome::Result(raw.into())
+    }
+
+    /// An error from a raw error object.
+    pub fn error_raw(raw: Box<RawValue>) -> Self {
+        Outcome::Error(raw.into())
     }
 
     /// True for an error answer.
@@ -76,6 +93,52 @@ pub fn write_responses(batch: bool, responses: &[Response]) -> Vec<u8> {
     out
 }
 
+/// Results at least this large are handed to the writer by reference, not copied.
+const SHARED_FROM: usize = 4096;
+
+/// Owns a shared result for the time the network writer holds it.
+struct SharedBytes(SharedRaw);
+
+impl AsRef<[u8]> for SharedBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.get().as_bytes()
+    }
+}
+
+/// Serializes answers like [`write_responses`], as chunks for a vectored write: small parts are
+/// copied together, large results are passed by reference (zero-copy from the cache).
+pub fn write_chunks(batch: bool, responses: &[Response]) -> Vec<Bytes> {
+    let mut chunks = Vec::new();
+    let mut buf = BytesMut::with_capacity(256);
+    if batch {
+        buf.put_u8(b'[');
+    }
+    for (i, r) in responses.iter().enumerate() {
+        if i > 0 {
+            buf.put_u8(b',');
+        }
+        buf.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+        buf.put_slice(r.id.get().as_bytes());
+        let (key, raw): (&[u8], _) = match &r.outcome {
+            Outcome::Result(raw) => (b",\"result\":", raw),
+            Outcome::Error(raw) => (b",\"error\":", raw),
+        };
+        buf.put_slice(key);
+        if raw.get().len() >= SHARED_FROM {
+            chunks.push(buf.split().freeze());
+            chunks.push(Bytes::from_owner(SharedBytes(raw.clone())));
+        } else {
+            buf.put_slice(raw.get().as_bytes());
+        }
+        buf.put_u8(b'}');
+    }
+    if batch {
+        buf.put_u8(b']');
+    }
+    chunks.push(buf.freeze());
+    chunks
+}
+
 fn outcome_len(o: &Outcome) -> usize {
     match o {
         Outcome::Result(r) | Outcome::Error(r) => r.get().len(),
@@ -109,8 +172,8 @@ impl ResponseEnvelope {
     /// The outcome; `None` when the answer has neither `result` nor `error`.
     pub fn into_outcome(self) -> Option<Outcome> {
         match (self.error, self.result) {
-            (Some(error), _) if error.get() != "null" => Some(Outcome::Error(error)),
-            (_, Some(result)) => Some(Outcome::Result(result)),
+            (Some(error), _) if error.get() != "null" => Some(Outcome::error_raw(error)),
+            (_, Some(result)) => Some(Outcome::result(result)),
             _ => None,
         }
     }
@@ -123,7 +186,7 @@ mod tests {
     #[test]
     fn writes_single_and_batch() {
         let ok =
-            Response { id: Id::number(1), outcome: Outcome::Result(RawValue::from_string("null".into()).unwrap()) };
+            Response { id: Id::number(1), outcome: Outcome::result(RawValue::from_string("null".into()).unwrap()) };
         let err = Response { id: Id::null(), outcome: ErrorObject::new(-32600, "bad").into() };
         assert_eq!(
             String::from_utf8(write_responses(false, std::slice::from_ref(&ok))).unwrap(),
@@ -133,6 +196,26 @@ mod tests {
             String::from_utf8(write_responses(true, &[ok, err])).unwrap(),
             r#"[{"jsonrpc":"2.0","id":1,"result":null},{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"bad"}}]"#
         );
+    }
+
+    #[test]
+    fn chunks_say_the_same_and_share_large_results() {
+        let big = format!("\"{}\"", "a".repeat(10_000));
+        let responses = [
+            Response { id: Id::number(1), outcome: Outcome::result(RawValue::from_string("\"0x1\"".into()).unwrap()) },
+            Response { id: Id::number(2), outcome: Outcome::result(RawValue::from_string(big.clone()).unwrap()) },
+            Response { id: Id::null(), outcome: ErrorObject::new(-32600, "bad").into() },
+        ];
+        for batch in [false, true] {
+            let shown = if batch { &responses[..] } else { &responses[1..2] };
+            let chunks = write_chunks(batch, shown);
+            assert_eq!(chunks.concat(), write_responses(batch, shown));
+            let Outcome::Result(shared) = &responses[1].outcome else { unreachable!() };
+            assert!(
+                chunks.iter().any(|c| c.as_ptr() == shared.get().as_ptr()),
+                "the large result is the cache's own bytes"
+            );
+        }
     }
 
     #[test]

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use alloy_eips::eip1559::BaseFeeParams;
 use alloy_primitives::Address;
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use sluice_chain::{parse_quantity, ChainEvent};
 use sluice_jsonrpc::Outcome;
 use sluice_upstream::{Answer, Call, Upstreams};
@@ -84,7 +83,7 @@ pub(crate) async fn fetch_chain(upstream: &dyn Upstreams) -> Result<ChainInfo, S
     })
 }
 
-async fn call(upstream: &dyn Upstreams, method: &str, params: &str) -> Result<Box<RawValue>, String> {
+async fn call(upstream: &dyn Upstreams, method: &str, params: &str) -> Result<sluice_jsonrpc::SharedRaw, String> {
     match upstream.call(&Call::internal(method, Some(params))).await {
         Ok(Answer { outcome: Outcome::Result(raw), .. }) => Ok(raw),
         Ok(Answer { outcome: Outcome::Error(raw), .. }) => Err(format!("{method}: {}", raw.get())),

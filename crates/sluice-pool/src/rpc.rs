@@ -69,7 +69,7 @@ impl MempoolLayer {
             }
             "eth_getTransactionByHash" => {
                 let hash: B256 = parse(params.first())?;
-                return snapshot.by_hash.get(&hash)?.to_rpc_raw().map(Outcome::Result);
+                return snapshot.by_hash.get(&hash)?.to_rpc_raw().map(Outcome::result);
             }
             "eth_getTransactionCount" => {
                 if params.get(1).and_then(Value::as_str) != Some("pending") {
@@ -153,7 +153,7 @@ fn result(value: &Value) -> Outcome {
 
 fn result_value(value: Value) -> Outcome {
     match RawValue::from_string(value.to_string()) {
-        Ok(raw) => Outcome::Result(raw),
+        Ok(raw) => Outcome::result(raw),
         Err(e) => Outcome::error(&ErrorObject::new(codes::INTERNAL_ERROR, e.to_string())),
     }
 }

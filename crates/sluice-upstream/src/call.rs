@@ -49,11 +49,12 @@ pub const DEFAULT_NETWORK: &str = "default";
 impl Call {
     /// A client's call, its block need read from its params.
     pub fn new(req: Request) -> Self {
+        static NETWORK: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
         let needs = BlockNeed::of(&req.method, req.params_text());
         Self {
             req,
             ctx: CallCtx {
-                network: Arc::from(DEFAULT_NETWORK),
+                network: NETWORK.get_or_init(|| Arc::from(DEFAULT_NETWORK)).clone(),
                 tier: None,
                 priority: 0,
                 deadline: None,

@@ -34,6 +34,27 @@ pub struct HttpUpstream {
     uri: hyper::Uri,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     next_id: AtomicU64,
+    metrics: std::sync::OnceLock<Handles>,
+}
+
+/// The outcomes calls are counted by: `ok` and each [`UpstreamError::kind`].
+const OUTCOMES: [&str; 10] = [
+    "ok",
+    "unreachable",
+    "timeout",
+    "http_status",
+    "invalid_response",
+    "too_large",
+    "none_available",
+    "budget_exhausted",
+    "batch_refused",
+    "not_covered",
+];
+
+/// Metric handles, registered once per node (on its first call, after the recorder is in).
+struct Handles {
+    calls: Vec<metrics::Counter>,
+    duration: metrics::Histogram,
 }
 
 impl HttpUpstream {
@@ -56,7 +77,7 @@ impl HttpUpstream {
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)
             .build(connector);
-        Ok(Self { config, uri, client, next_id: AtomicU64::new(1) })
+        Ok(Self { config, uri, client, next_id: AtomicU64::new(1), metrics: std::sync::OnceLock::new() })
     }
 
     fn ids(&self, n: u64) -> u64 {
@@ -93,10 +114,19 @@ impl HttpUpstream {
     }
 
     fn record(&self, started: Instant, outcome: &'static str) {
-        let name = self.config.name.clone();
-        metrics::counter!("sluice_upstream_calls_total", "upstream" => name.clone(), "outcome" => outcome).increment(1);
-        metrics::histogram!("sluice_upstream_call_duration_seconds", "upstream" => name)
-            .record(started.elapsed().as_secs_f64());
+        let handles = self.metrics.get_or_init(|| {
+            let name = self.config.name.clone();
+            Handles {
+                calls: OUTCOMES
+                    .iter()
+                    .map(|&o| metrics::counter!("sluice_upstream_calls_total", "upstream" => name.clone(), "outcome" => o))
+                    .collect(),
+                duration: metrics::histogram!("sluice_upstream_call_duration_seconds", "upstream" => name),
+            }
+        });
+        let index = OUTCOMES.iter().position(|&o| o == outcome).unwrap_or(0);
+        handles.calls[index].increment(1);
+        handles.duration.record(started.elapsed().as_secs_f64());
     }
 }
 

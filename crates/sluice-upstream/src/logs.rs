@@ -136,7 +136,7 @@ impl LogsLayer {
             }
         }
         let merged = serde_json::value::to_raw_value(&logs).ok()?;
-        Some(Ok(Answer { outcome: Outcome::Result(merged), source: Source::Upstream }))
+        Some(Ok(Answer { outcome: Outcome::result(merged), source: Source::Upstream }))
     }
 
     /// One range, bisected while the node says it is too large.

@@ -37,6 +37,6 @@ impl Upstreams for FixedChain {
             }
             _ => "null",
         };
-        Ok(Answer::upstream(Outcome::Result(RawValue::from_string(result.to_owned()).expect("JSON literal"))))
+        Ok(Answer::upstream(Outcome::result(RawValue::from_string(result.to_owned()).expect("JSON literal"))))
     }
 }

@@ -170,7 +170,7 @@ impl<N: Node> Pool<N> {
             .map(|(outcome, call)| {
                 outcome.map(|o| match o {
                     Ok(Outcome::Error(e)) if is_already_known(&e) => match tx_hash(&call.req) {
-                        Some(hash) => Ok(Answer::upstream(Outcome::Result(hash))),
+                        Some(hash) => Ok(Answer::upstream(Outcome::result(hash))),
                         None => Ok(Answer::upstream(Outcome::Error(e))),
                     },
                     other => other.map(Answer::upstream),

@@ -8,13 +8,19 @@ use std::time::Duration;
 pub struct Recent {
     samples: Vec<u32>,
     next: usize,
+    pushes: u64,
+    /// The p95, recomputed every [`P95_EVERY`] samples rather than sorted for every call.
+    p95: Option<Duration>,
 }
+
+/// How often the cached p95 is recomputed, in samples.
+const P95_EVERY: u64 = 16;
 
 const WINDOW: usize = 128;
 
 impl Default for Recent {
     fn default() -> Self {
-        Self { samples: Vec::with_capacity(WINDOW), next: 0 }
+        Self { samples: Vec::with_capacity(WINDOW), next: 0, pushes: 0, p95: None }
     }
 }
 
@@ -28,6 +34,16 @@ impl Recent {
             self.samples[self.next] = micros;
         }
         self.next = (self.next + 1) % WINDOW;
+        self.pushes += 1;
+        if self.pushes.is_multiple_of(P95_EVERY) || (self.p95.is_none() && self.samples.len() >= 20) {
+            self.p95 = self.quantile(0.95);
+        }
+    }
+
+    /// The window's p95 as last computed (at most [`P95_EVERY`] samples old); `None` until
+    /// there are 20 samples.
+    pub fn p95(&self) -> Option<Duration> {
+        self.p95
     }
 
     /// The `q` quantile of the window; `None` until there are 20 samples.
@@ -62,7 +78,7 @@ impl HedgeAfter {
         match *self {
             HedgeAfter::Off => None,
             HedgeAfter::Fixed(d) => Some(d),
-            HedgeAfter::P95 { floor } => recent.quantile(0.95).map(|p95| p95.max(floor)),
+            HedgeAfter::P95 { floor } => recent.p95().map(|p95| p95.max(floor)),
         }
     }
 }
@@ -107,10 +123,19 @@ mod tests {
         let mut recent = Recent::default();
         let policy = HedgeAfter::P95 { floor: Duration::from_millis(5) };
         assert_eq!(policy.delay(&recent), None);
-        for i in 1..=100u64 {
+        // 96 samples: the cached p95 was just recomputed (every 16), so it is the window's own.
+        for i in 1..=96u64 {
             recent.push(Duration::from_millis(i));
         }
-        assert_eq!(policy.delay(&recent), Some(Duration::from_millis(95)));
+        assert_eq!(policy.delay(&recent), Some(Duration::from_millis(91)));
+        assert_eq!(recent.p95(), recent.quantile(0.95));
+        // Between recomputations it may be up to 15 samples old, never older.
+        for _ in 0..15 {
+            recent.push(Duration::from_millis(1000));
+        }
+        assert_eq!(recent.p95(), Some(Duration::from_millis(91)));
+        recent.push(Duration::from_millis(1000));
+        assert_eq!(recent.p95(), recent.quantile(0.95));
         let mut fast = Recent::default();
         for _ in 0..50 {
             fast.push(Duration::from_micros(100));

@@ -78,11 +78,11 @@ fn node(
 }
 
 fn ok(text: &str) -> Result<Outcome, UpstreamError> {
-    Ok(Outcome::Result(RawValue::from_string(text.to_owned()).unwrap()))
+    Ok(Outcome::result(RawValue::from_string(text.to_owned()).unwrap()))
 }
 
 fn rpc_error(text: &str) -> Result<Outcome, UpstreamError> {
-    Ok(Outcome::Error(RawValue::from_string(text.to_owned()).unwrap()))
+    Ok(Outcome::error_raw(RawValue::from_string(text.to_owned()).unwrap()))
 }
 
 fn config() -> PoolConfig {
