@@ -59,38 +59,9 @@ pub struct Response {
     pub outcome: Outcome,
 }
 
-impl Response {
-    /// Appends this response's JSON to `out`.
-    pub fn write_to(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-        out.extend_from_slice(self.id.get().as_bytes());
-        let (key, raw): (&[u8], _) = match &self.outcome {
-            Outcome::Result(raw) => (b",\"result\":", raw),
-            Outcome::Error(raw) => (b",\"error\":", raw),
-        };
-        out.extend_from_slice(key);
-        out.extend_from_slice(raw.get().as_bytes());
-        out.push(b'}');
-    }
-}
-
 /// Serializes answers: one object for a single call, an array for a batch.
 pub fn write_responses(batch: bool, responses: &[Response]) -> Vec<u8> {
-    let size: usize = responses.iter().map(|r| 40 + r.id.get().len() + outcome_len(&r.outcome)).sum();
-    let mut out = Vec::with_capacity(size + 2);
-    if batch {
-        out.push(b'[');
-    }
-    for (i, r) in responses.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        r.write_to(&mut out);
-    }
-    if batch {
-        out.push(b']');
-    }
-    out
+    write_chunks(batch, responses).concat()
 }
 
 /// Results at least this large are handed to the writer by reference, not copied.
@@ -137,12 +108,6 @@ pub fn write_chunks(batch: bool, responses: &[Response]) -> Vec<Bytes> {
     }
     chunks.push(buf.freeze());
     chunks
-}
-
-fn outcome_len(o: &Outcome) -> usize {
-    match o {
-        Outcome::Result(r) | Outcome::Error(r) => r.get().len(),
-    }
 }
 
 /// An answer as read from an upstream node.

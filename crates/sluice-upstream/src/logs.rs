@@ -62,20 +62,9 @@ pub fn bisect((from, to): (u64, u64)) -> Option<[(u64, u64); 2]> {
 /// nethermind and the common hosted providers).
 pub fn is_too_large(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
-    [
-        "query returned more than",
-        "more than 10000 results",
-        "response size exceeded",
-        "response size should not",
-        "log response size exceeded",
-        "block range",
-        "range too large",
-        "too many results",
-        "limit exceeded",
-        "query timeout exceeded",
-    ]
-    .iter()
-    .any(|needle| m.contains(needle))
+    // Besides the pool's wordings for an answer too large: a generic limit, and a query that
+    // ran out of time (also cured by a shorter range).
+    crate::pool::TOO_LARGE.iter().chain(&["limit exceeded", "query timeout exceeded"]).any(|needle| m.contains(needle))
 }
 
 /// Splits long `eth_getLogs` ranges for the inner layer.

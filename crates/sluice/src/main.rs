@@ -8,9 +8,6 @@ use sluice::config::{self, Overrides, UpstreamConfig};
 use sluice::{dev, serve};
 use tracing_subscriber::EnvFilter;
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// sluice: a JSON-RPC edge node for Ethereum-style chains.
 #[derive(Parser)]
 #[command(name = "sluice", version, about)]

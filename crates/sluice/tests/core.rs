@@ -29,6 +29,13 @@ fn with_config(toml: &str) -> Configured {
     Configured { sluice, _file: file }
 }
 
+/// sluice in front of two upstreams, mempool off, the first one's heads followed on `ws`.
+fn two_upstreams(pool: &str, first: &str, ws: &str, second: &str) -> Configured {
+    with_config(&format!(
+        "[mempool]\nenabled = false\n[pool]\n{pool}\n[[upstreams]]\nurl = \"{first}\"\nws_url = \"{ws}\"\n[[upstreams]]\nurl = \"{second}\"\n"
+    ))
+}
+
 fn counting(to: &Anvil, delay: Duration) -> Fault {
     Fault::Relay { to: to.http_url(), delay, fail_method: None }
 }
@@ -99,22 +106,7 @@ async fn a_batch_of_400_misses_is_one_upstream_request_per_member_and_chunk() {
         FakeUpstream::spawn(counting(&anvil, Duration::ZERO)).await,
         FakeUpstream::spawn(counting(&anvil, Duration::ZERO)).await,
     );
-    let net = with_config(&format!(
-        r#"
-[mempool]
-enabled = false
-[pool]
-max_batch = 100
-[[upstreams]]
-url = "{}"
-ws_url = "{}"
-[[upstreams]]
-url = "{}"
-"#,
-        a.url,
-        anvil.ws_url(),
-        b.url
-    ));
+    let net = two_upstreams("max_batch = 100", &a.url, &anvil.ws_url(), &b.url);
     let client = reqwest::Client::new();
     let url = net.sluice.http_url();
     wait_until("the head is known", Duration::from_secs(10), || async {
@@ -183,23 +175,7 @@ async fn failover_under_faults_never_answers_unknown_block_while_a_node_has_it()
     let (a, b) = twins();
     // A's HTTP path fails one request in three, in turn: closed, not JSON, HTTP 500, truncated.
     let faulty = FakeUpstream::spawn(Fault::FaultyRelay { to: a.http_url(), every: 3 }).await;
-    let net = with_config(&format!(
-        r#"
-[mempool]
-enabled = false
-[pool]
-probe_interval = "200ms"
-max_attempts = 4
-[[upstreams]]
-url = "{}"
-ws_url = "{}"
-[[upstreams]]
-url = "{}"
-"#,
-        faulty.url,
-        a.ws_url(),
-        b.http_url()
-    ));
+    let net = two_upstreams("probe_interval = \"200ms\"\nmax_attempts = 4", &faulty.url, &a.ws_url(), &b.http_url());
     let client = reqwest::Client::new();
     let url = net.sluice.http_url();
     wait_until("both heads known", Duration::from_secs(10), || async {

@@ -40,20 +40,21 @@ pub fn judge_error(error: &RawValue) -> Verdict {
     }
 }
 
-/// Wordings of nodes and providers refusing a query whose answer would be too large.
+/// Wordings of nodes and providers refusing a query whose answer would be too large (geth,
+/// erigon, nethermind and the common hosted providers), lower-case.
+pub(crate) const TOO_LARGE: [&str; 8] = [
+    "query returned more than",
+    "more than 10000 results",
+    "response size exceeded",
+    "response size should not",
+    "log response size exceeded",
+    "block range",
+    "range too large",
+    "too many results",
+];
+
 fn too_large(message: &str) -> bool {
-    [
-        "query returned more than",
-        "more than 10000 results",
-        "response size exceeded",
-        "response size should not",
-        "log response size exceeded",
-        "block range",
-        "range too large",
-        "too many results",
-    ]
-    .iter()
-    .any(|w| message.contains(w))
+    TOO_LARGE.iter().any(|w| message.contains(w))
 }
 
 /// "I do not have that block (or its state)", in the wordings of geth, reth, erigon,

@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 
 pub use breaker::{Breaker, Circuit};
 pub use budget::{DailyQuota, MethodFilter, RateLimit};
+pub(crate) use classify::TOO_LARGE;
 pub use classify::{is_already_known, is_missing_block, judge_error, Verdict};
 pub use health::Health;
 pub use hedge::{HedgeAfter, HedgeBudget, Recent};
