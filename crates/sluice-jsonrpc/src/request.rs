@@ -103,7 +103,18 @@ pub enum Incoming {
 /// longer than `max_batch`) are returned as `Err` and answered once with a `null` id.
 pub fn parse_body(body: &[u8], max_batch: usize) -> Result<Incoming, ErrorObject> {
     let text = std::str::from_utf8(body).map_err(ErrorObject::parse_error)?;
-    // One pass validates the whole document; elements are then read from borrowed slices.
+    // A single call read in one pass (the common case); anything else, including a single
+    // call this pass refuses, goes the general way below, which words the error.
+    if text.trim_start().starts_with('{') {
+        if let Ok(fields) = serde_json::from_str::<RawRequest>(text) {
+            return Ok(Incoming::Single(request_from(fields)));
+        }
+    }
+    parse_general(text, max_batch)
+}
+
+/// Any body: one pass validates the whole document; elements are then read from borrowed slices.
+fn parse_general(text: &str, max_batch: usize) -> Result<Incoming, ErrorObject> {
     let doc: &RawValue = serde_json::from_str(text).map_err(ErrorObject::parse_error)?;
     let doc_text = doc.get();
     if doc_text.starts_with('[') {
@@ -149,6 +160,12 @@ fn parse_element(raw: &RawValue) -> Result<Request, Invalid> {
         Ok(fields) => fields,
         Err(e) => return invalid(None, &e.to_string()),
     };
+    request_from(fields)
+}
+
+/// Checks the fields of one request object and builds the request.
+fn request_from(fields: RawRequest<'_>) -> Result<Request, Invalid> {
+    let invalid = |id: Option<Id>, why: &str| Err((id.unwrap_or_else(Id::null), ErrorObject::invalid_request(why)));
     let id = match fields.id {
         None => None,
         Some(raw_id) => match Id::from_raw(raw_id) {
@@ -231,6 +248,26 @@ mod tests {
     }
 
     #[test]
+    fn single_calls_read_in_one_pass_as_the_general_reading_does() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":[1,{"a":"b"}]}"#,
+            r#"  {"jsonrpc":"2.0","id":"x","method":"m"}"#,
+            r#"{"jsonrpc":"2.0","method":"notify","params":null}"#,
+            r#"{"jsonrpc":"2.0","id":1e3,"method":"m","extra":{"nested":[1,2]}}"#,
+            r#"{"jsonrpc":"2.0","jsonrpc":"2.0","id":1,"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":{},"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":7}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":3}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"m"} trailing"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"m\u00e9"}"#,
+        ] {
+            let fast = format!("{:?}", parse_body(text.as_bytes(), 10));
+            assert_eq!(fast, format!("{:?}", parse_general(text, 10)), "{text}");
+        }
+    }
+
+    #[test]
     fn writes_request_with_new_id() {
         let req = single(r#"{"jsonrpc":"2.0","id":"x","method":"eth_call","params":[{"to":"0x1"},"latest"]}"#).unwrap();
         let mut out = Vec::new();
@@ -273,6 +310,21 @@ mod properties {
             ], 0..40)
         ) {
             let _ = parse_body(parts.concat().as_bytes(), 10);
+        }
+
+        /// The one-pass reading of a single call says exactly what the general one says.
+        #[test]
+        fn the_single_call_fast_path_agrees_with_the_general_one(
+            parts in proptest::collection::vec(prop_oneof![
+                Just("{"), Just("}"), Just(","), Just(":"), Just("\"jsonrpc\""), Just("\"2.0\""), Just("\"1.0\""),
+                Just("\"id\""), Just("\"method\""), Just("\"params\""), Just("\"eth_call\""), Just("1"), Just("null"),
+                Just("[]"), Just("{}"), Just("\"x\""), Just(" "),
+            ], 0..24)
+        ) {
+            let text = parts.concat();
+            let fast = format!("{:?}", parse_body(text.as_bytes(), 10));
+            let general = format!("{:?}", parse_general(&text, 10));
+            prop_assert_eq!(fast, general, "{}", text);
         }
 
         /// Well-formed calls keep their ids byte for byte, alone and in batches.

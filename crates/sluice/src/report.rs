@@ -320,7 +320,10 @@ async fn write(
          Every figure below comes from one run of it on the machine described here. The load generator, sluice \
          and anvil share this machine, so read the ratios, which are measured side by side (alternating rounds), \
          not the absolute numbers. The rate models measure latency from each request's scheduled send time, \
-         so stalls are not hidden. \"generator saturated\" flags rows where the generator itself was the limit.\n\n",
+         so stalls are not hidden. \"generator saturated\" flags rows where the generator itself was the limit.\n\n\
+         The request path's own cost against the machine's limits, a bare forwarder and a bare server answering \
+         the same bytes (`sluice-baseline`), is measured by `bench/core.sh` with wrk: see \
+         [benchmarks-wrk.md](benchmarks-wrk.md#the-request-path-against-bare-baselines).\n\n",
     );
     md.push_str(&machine(&args.anvil_version));
     for s in &sections[..2] {
