@@ -23,7 +23,7 @@ RUSTFLAGS="$flags" cargo build --locked --release --target "$triple" \
 for target in $targets; do
   mkdir -p "corpus/$target" "artifacts/$target" "seeds/$target"
   log=$(mktemp)
-  if ! "target/$triple/release/$target" "corpus/$target" "seeds/$target" -max_total_time="$seconds" \
+  if ! "${CARGO_TARGET_DIR:-target}/$triple/release/$target" "corpus/$target" "seeds/$target" -max_total_time="$seconds" \
       -artifact_prefix="artifacts/$target/" -print_final_stats=1 >"$log" 2>&1; then
     grep -m1 -A1 'panicked at' "$log" || true  # the message; the backtrace below can be long
     tail -40 "$log"
