@@ -44,9 +44,16 @@ pub struct Tier {
     pub max_connections: Option<u32>,
     /// Subscriptions one key may hold across its connections (per replica); none: unlimited.
     pub max_subscriptions: Option<u32>,
+    /// Networks (by id) this tier may use; empty: every network.
+    pub networks: Vec<String>,
 }
 
 impl Tier {
+    /// True when this tier may use the network with this id.
+    pub fn serves(&self, network: &str) -> bool {
+        self.networks.is_empty() || self.networks.iter().any(|n| n == network)
+    }
+
     /// What a request of these methods costs.
     pub fn cost<'a>(&self, methods: impl IntoIterator<Item = &'a str>) -> u32 {
         methods
@@ -137,6 +144,8 @@ pub enum Refusal {
     },
     /// The shared quota store is unreachable and the configuration says fail closed: 503.
     Unavailable,
+    /// The caller's tier may not use this network: HTTP 403.
+    Forbidden(String),
 }
 
 impl std::fmt::Display for Refusal {
@@ -147,6 +156,7 @@ impl std::fmt::Display for Refusal {
                 write!(f, "rate limited: {what} quota exceeded; retry after {} s", retry_after.as_secs().max(1))
             }
             Refusal::Unavailable => write!(f, "quota store unavailable; try again later"),
+            Refusal::Forbidden(why) => write!(f, "forbidden: {why}"),
         }
     }
 }
@@ -209,6 +219,15 @@ impl Access {
         self.config.tiers.get(&caller.tier)
     }
 
+    /// Refuses `caller` on a network its tier does not list.
+    pub fn admit_to(&self, caller: &Caller, network: &str) -> Result<(), Refusal> {
+        match self.tier(caller) {
+            Some(tier) if tier.serves(network) => Ok(()),
+            Some(_) => Err(Refusal::Forbidden(format!("this key may not use the network {network}"))),
+            None => Err(Refusal::Unauthorized("no such tier".into())),
+        }
+    }
+
     /// Charges `caller` for one request of these methods, or refuses it.
     pub async fn charge(&self, caller: &Caller, methods: &[&str]) -> Result<(), Refusal> {
         let Some(tier) = self.tier(caller) else { return Err(Refusal::Unauthorized("no such tier".into())) };
@@ -226,6 +245,7 @@ impl Access {
                 Refusal::OverQuota { what, .. } => *what,
                 Refusal::Unavailable => "store_unavailable",
                 Refusal::Unauthorized(_) => "unauthorized",
+                Refusal::Forbidden(_) => "network",
             };
             metrics::counter!("sluice_access_refused_total", "tier" => caller.tier.clone(), "why" => what).increment(1);
         }

@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{State, WebSocketUpgrade};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -18,6 +18,7 @@ use sluice_upstream::Call;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::network::Target;
 use crate::pipeline::{Edge, Refused, Reply};
 use crate::telemetry::{InFlight, Transport};
 use crate::{ws, Gateway};
@@ -36,12 +37,11 @@ struct AppState {
 /// The routes. `shutdown` tells WebSocket sessions to close when the server stops.
 pub fn router(gateway: Arc<Gateway>, shutdown: watch::Receiver<bool>) -> Router {
     Router::new()
-        .route("/", post(rpc).get(upgrade))
-        .route("/{key}", post(rpc_with_key).get(upgrade_with_key))
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .fallback(entry)
         .with_state(AppState { gateway, shutdown })
 }
 
@@ -77,37 +77,50 @@ fn identify(
     })
 }
 
-async fn rpc_with_key(
+/// Every path but the operator endpoints: JSON-RPC POSTs and WebSocket upgrades, on the
+/// network the path names.
+async fn entry(
     State(state): State<AppState>,
-    axum::extract::Path(key): axum::extract::Path<String>,
+    method: http::Method,
+    uri: http::Uri,
     headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
-    serve_rpc(&state.gateway, Some(key), &headers, body).await
-}
-
-async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    serve_rpc(&state.gateway, None, &headers, body).await
-}
-
-/// The key a JSON-RPC POST path carries: `/` has none, `/KEY` has one; `None` for any other
-/// path (and for the operator endpoints), which the router answers.
-pub fn rpc_path(path: &str) -> Option<Option<&str>> {
-    match path.strip_prefix('/')? {
-        "" => Some(None),
-        "health" | "ready" | "metrics" | "status" => None,
-        key if !key.contains('/') => Some(Some(key)),
-        _ => None,
+    let (network, key) = match state.gateway.resolve(uri.path()) {
+        Target::Rpc { network, key } => (network, key.map(str::to_owned)),
+        Target::Unknown(message) => return unknown_network(&message, &headers),
+        Target::Operator => return (StatusCode::NOT_FOUND, "not found\n").into_response(),
+    };
+    if method == http::Method::POST {
+        return serve_rpc(&state.gateway, network, key, &headers, request.into_body()).await;
     }
+    let (mut parts, _) = request.into_parts();
+    let ws = <WebSocketUpgrade as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await;
+    serve_upgrade(state, network, key, headers, ws).await
 }
 
-/// `POST /` and `POST /KEY`: the JSON-RPC endpoint, answered without the router (the server
-/// calls it directly for these paths; the router's routes to it stay for completeness).
-pub async fn serve_rpc<B>(gateway: &Gateway, key: Option<String>, headers: &HeaderMap, body: B) -> Response
+/// HTTP 404 with a JSON-RPC error body for a path that names no network served here.
+pub fn unknown_network(message: &str, headers: &HeaderMap) -> Response {
+    let reply = Reply::local_error(ErrorObject::new(codes::INVALID_REQUEST, message.to_owned()));
+    respond(StatusCode::NOT_FOUND, reply, &request_id(headers))
+}
+
+/// A JSON-RPC POST to network `network` (an index into the gateway's networks), answered
+/// without the router (the server calls it directly; the router's fallback does too).
+pub async fn serve_rpc<B>(
+    gateway: &Gateway,
+    network: usize,
+    key: Option<String>,
+    headers: &HeaderMap,
+    body: B,
+) -> Response
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + Unpin,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
+    let Some(network) = gateway.network(network) else {
+        return unknown_network("no such network", headers);
+    };
     let caller = match identify(gateway, key, headers) {
         Ok(caller) => caller,
         Err(refusal) => return *refusal,
@@ -126,7 +139,7 @@ where
     let (status, reply) = match bytes {
         Ok(bytes) => {
             let edge = Edge { caller: caller.as_ref() };
-            let reply = gateway.pipeline.handle(&bytes, edge).instrument(span).await;
+            let reply = network.pipeline.handle(&bytes, edge).instrument(span).await;
             (refusal_status(&reply), reply)
         }
         Err(refusal) => refusal,
@@ -154,6 +167,7 @@ fn refusal_status(reply: &Reply) -> StatusCode {
         Some(Refused::Access(sluice_access::Refusal::OverQuota { .. })) => StatusCode::TOO_MANY_REQUESTS,
         Some(Refused::Access(sluice_access::Refusal::Unavailable)) => StatusCode::SERVICE_UNAVAILABLE,
         Some(Refused::Access(sluice_access::Refusal::Unauthorized(_))) => StatusCode::UNAUTHORIZED,
+        Some(Refused::Access(sluice_access::Refusal::Forbidden(_))) => StatusCode::FORBIDDEN,
     }
 }
 
@@ -235,25 +249,9 @@ impl http_body::Body for Chunks {
     }
 }
 
-async fn upgrade_with_key(
-    State(state): State<AppState>,
-    axum::extract::Path(key): axum::extract::Path<String>,
-    headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Response {
-    serve_upgrade(state, Some(key), headers, ws).await
-}
-
-async fn upgrade(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Response {
-    serve_upgrade(state, None, headers, ws).await
-}
-
 async fn serve_upgrade(
     state: AppState,
+    network: usize,
     key: Option<String>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -265,6 +263,12 @@ async fn serve_upgrade(
     let Ok(ws) = ws else {
         return (StatusCode::METHOD_NOT_ALLOWED, "POST JSON-RPC here, or open a WebSocket\n").into_response();
     };
+    if let (Some(control), Some(caller), Some(net)) = (state.gateway.access(), &caller, state.gateway.network(network))
+    {
+        if let Err(refusal) = control.access.admit_to(caller, &net.id) {
+            return (StatusCode::FORBIDDEN, format!("{refusal}\n")).into_response();
+        }
+    }
     let slot = match (state.gateway.access(), &caller) {
         (Some(control), Some(caller)) => match control.open_session(caller) {
             Ok(slot) => Some(slot),
@@ -277,24 +281,35 @@ async fn serve_upgrade(
     };
     let limit = state.gateway.limits.max_body_bytes;
     ws.max_message_size(limit).max_frame_size(limit).on_upgrade(move |socket| async move {
-        ws::session(socket, state.gateway, state.shutdown, caller).await;
+        ws::session(socket, state.gateway, network, state.shutdown, caller).await;
         drop(slot);
         drop(permit);
     })
 }
 
-/// Ready when an upstream answers `eth_chainId` within two seconds.
+/// Ready when, on every network, an upstream answers `eth_chainId` within two seconds; the
+/// body names the networks that are not.
 async fn ready(State(state): State<AppState>) -> Response {
-    let probe = Call::internal("eth_chainId", None);
-    match tokio::time::timeout(Duration::from_secs(2), state.gateway.readiness.call(&probe)).await {
-        Ok(Ok(answer)) if !answer.outcome.is_error() => (StatusCode::OK, "ready\n").into_response(),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "no upstream answers\n").into_response(),
+    let probes = state.gateway.networks().iter().map(|network| async move {
+        let probe = Call::internal("eth_chainId", None);
+        match tokio::time::timeout(Duration::from_secs(2), network.readiness.call(&probe)).await {
+            Ok(Ok(answer)) if !answer.outcome.is_error() => None,
+            _ => Some(network.id.to_string()),
+        }
+    });
+    let down: Vec<String> = futures_util::future::join_all(probes).await.into_iter().flatten().collect();
+    match (down.is_empty(), state.gateway.networks().len()) {
+        (true, _) => (StatusCode::OK, "ready\n").into_response(),
+        (false, 1) => (StatusCode::SERVICE_UNAVAILABLE, "no upstream answers\n").into_response(),
+        (false, _) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("no upstream answers on: {}\n", down.join(", "))).into_response()
+        }
     }
 }
 
 /// What components report (the pool's members, the mempool, ingress, mesh), for operators.
 async fn status(State(state): State<AppState>) -> Response {
-    ([(CONTENT_TYPE, "application/json")], state.gateway.status.render().to_string()).into_response()
+    ([(CONTENT_TYPE, "application/json")], state.gateway.render_status().to_string()).into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

@@ -13,6 +13,7 @@
 //! Decisions live in pure code ([`route`], `sluice-jsonrpc`); sockets live here at the edge.
 
 pub mod http;
+pub mod network;
 pub mod pipeline;
 pub mod policy;
 pub mod route;
@@ -25,7 +26,8 @@ use std::time::Duration;
 
 use sluice_upstream::Upstreams;
 
-pub use pipeline::{admission_limit, Admitted, Edge, Pipeline, Refused, Reply, ServedBy};
+pub use network::Network;
+pub use pipeline::{admission_limit, Admitted, Edge, Pipeline, Refused, Reply, ServedBy, Shared};
 pub use server::serve;
 
 /// Limits that keep memory and time bounded whatever clients send.
@@ -76,12 +78,9 @@ pub trait LocalFeeds: Send + Sync + 'static {
 
 /// Everything a request handler needs, shared by all connections. Built by [`GatewayBuilder`].
 pub struct Gateway {
-    /// The request pipeline (HTTP and WebSocket alike).
-    pub pipeline: Pipeline,
-    /// Where `eth_subscribe` goes: the upstream's `ws://` URL, if it has one.
-    pub subscription_url: Option<String>,
-    /// Deadline for upstream WebSocket connects and calls.
-    pub upstream_timeout: Duration,
+    networks: Vec<Network>,
+    directory: network::Directory,
+    shared: Arc<pipeline::Shared>,
     /// Client limits.
     pub limits: Limits,
     /// Renders `/metrics`.
@@ -89,52 +88,138 @@ pub struct Gateway {
     /// Open WebSocket sessions, bounded by `limits.max_connections` (an upgraded connection
     /// leaves the HTTP connection count, so it is counted here instead).
     pub sessions: Arc<tokio::sync::Semaphore>,
-    /// Subscriptions answered locally, checked before going upstream.
-    pub local_feeds: Option<Arc<dyn LocalFeeds>>,
-    /// What `/status` shows.
-    pub status: StatusBoard,
-    /// What `/ready` asks (the upstream pool, below every cache).
-    pub readiness: Arc<dyn Upstreams>,
+    /// What `/status` shows besides the networks (process-wide parts: the mesh).
+    status: StatusBoard,
 }
 
 impl Gateway {
     /// Access control, when on.
     pub fn access(&self) -> Option<&AccessControl> {
-        self.pipeline.access()
+        self.shared.access()
+    }
+
+    /// The networks served, in configuration order.
+    pub fn networks(&self) -> &[Network] {
+        &self.networks
+    }
+
+    /// The network at `index` (as [`network::resolve`] found it).
+    pub fn network(&self, index: usize) -> Option<&Network> {
+        self.networks.get(index)
+    }
+
+    /// Where a request path goes.
+    pub fn resolve<'a>(&self, path: &'a str) -> network::Target<'a> {
+        network::resolve(path, &self.directory)
+    }
+
+    /// The first network's pipeline (the only one of a single-network gateway).
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.networks[0].pipeline
+    }
+
+    /// What `/status` shows: a single implicit network's parts at the top level, as always;
+    /// named networks each under `networks.{id}`; process-wide parts under their names.
+    pub fn render_status(&self) -> serde_json::Value {
+        let mut map = match (&self.networks[..], self.directory.named) {
+            ([only], false) => match only.status.render() {
+                serde_json::Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            },
+            (networks, _) => {
+                let each = networks
+                    .iter()
+                    .map(|n| {
+                        let mut part = n.status.render();
+                        if let serde_json::Value::Object(fields) = &mut part {
+                            fields.insert("chain_id".into(), serde_json::json!(n.chain_id));
+                        }
+                        (n.id.to_string(), part)
+                    })
+                    .collect();
+                let mut map = serde_json::Map::new();
+                map.insert("networks".into(), serde_json::Value::Object(each));
+                map
+            }
+        };
+        if let serde_json::Value::Object(process) = self.status.render() {
+            map.extend(process.into_iter().filter(|(k, v)| !(k == "upstreams" && v == &serde_json::json!([]))));
+        }
+        serde_json::Value::Object(map)
     }
 }
 
 /// A tier's own method lists: its name, denied patterns, allowed patterns.
 pub type TierLists = (String, Vec<String>, Vec<String>);
 
+/// One network to serve, as [`GatewayBuilder::network`] takes it.
+pub struct NetworkSpec {
+    /// Its id (`eth`; [`sluice_upstream::DEFAULT_NETWORK`] for an implicit single network).
+    pub id: String,
+    /// Its chain id, when known.
+    pub chain_id: Option<u64>,
+    /// The layers its calls go down.
+    pub upstreams: Arc<dyn Upstreams>,
+    /// Where relayed subscriptions go.
+    pub subscription_url: Option<String>,
+    /// Deadline for that socket.
+    pub upstream_timeout: Duration,
+    /// Subscriptions served locally.
+    pub local_feeds: Option<Arc<dyn LocalFeeds>>,
+    /// What `/ready` asks (default: `upstreams`).
+    pub readiness: Option<Arc<dyn Upstreams>>,
+    /// Its part of `/status`.
+    pub status: StatusBoard,
+    /// Served at `/` too.
+    pub default: bool,
+}
+
+impl NetworkSpec {
+    /// A network `id` answered through `upstreams`, nothing else set.
+    pub fn new(id: impl Into<String>, upstreams: Arc<dyn Upstreams>) -> Self {
+        Self {
+            id: id.into(),
+            chain_id: None,
+            upstreams,
+            subscription_url: None,
+            upstream_timeout: Duration::from_secs(30),
+            local_feeds: None,
+            readiness: None,
+            status: StatusBoard::default(),
+            default: false,
+        }
+    }
+}
+
 /// Assembles a [`Gateway`] once; nothing can be added after it is shared.
 pub struct GatewayBuilder {
-    upstreams: Arc<dyn Upstreams>,
     limits: Limits,
     policy: policy::MethodPolicy,
     access: Option<(sluice_access::Access, Vec<TierLists>)>,
-    local_feeds: Option<Arc<dyn LocalFeeds>>,
-    subscription_url: Option<String>,
-    upstream_timeout: Duration,
+    networks: Vec<NetworkSpec>,
+    named: bool,
     status: StatusBoard,
-    readiness: Option<Arc<dyn Upstreams>>,
 }
 
 impl GatewayBuilder {
-    /// A gateway answering through `upstreams` within `limits`; node-key and admin methods are
-    /// denied (see [`policy::MethodPolicy::default`]).
-    pub fn new(upstreams: Arc<dyn Upstreams>, limits: Limits) -> Self {
+    /// A gateway within `limits`; node-key and admin methods are denied (see
+    /// [`policy::MethodPolicy::default`]). Add its networks with [`GatewayBuilder::network`].
+    pub fn new(limits: Limits) -> Self {
         Self {
-            upstreams,
             limits,
             policy: policy::MethodPolicy::default(),
             access: None,
-            local_feeds: None,
-            subscription_url: None,
-            upstream_timeout: Duration::from_secs(30),
+            networks: Vec::new(),
+            named: false,
             status: StatusBoard::default(),
-            readiness: None,
         }
+    }
+
+    /// A gateway of one implicit network answering through `upstreams`.
+    pub fn single(upstreams: Arc<dyn Upstreams>, limits: Limits) -> Self {
+        let mut network = NetworkSpec::new(sluice_upstream::DEFAULT_NETWORK, upstreams);
+        network.default = true;
+        Self::new(limits).network(network)
     }
 
     /// The method policy for everyone.
@@ -150,51 +235,70 @@ impl GatewayBuilder {
         self
     }
 
-    /// Subscriptions sluice serves itself.
-    pub fn local_feeds(mut self, feeds: Arc<dyn LocalFeeds>) -> Self {
-        self.local_feeds = Some(feeds);
+    /// A network to serve. With [`GatewayBuilder::named`], each at `/{id}` and `/evm/{chainId}`.
+    pub fn network(mut self, network: NetworkSpec) -> Self {
+        self.networks.push(network);
         self
     }
 
-    /// Where relayed subscriptions go, and the deadline for that socket.
-    pub fn subscriptions(mut self, url: Option<String>, timeout: Duration) -> Self {
-        self.subscription_url = url;
-        self.upstream_timeout = timeout;
+    /// The networks were configured by name (`[[networks]]`): paths name them, and `/{key}`
+    /// is no longer a key path.
+    pub fn named(mut self, named: bool) -> Self {
+        self.named = named;
         self
     }
 
-    /// What `/status` shows.
+    /// Process-wide parts of `/status` (the networks report their own).
     pub fn status(mut self, status: StatusBoard) -> Self {
         self.status = status;
         self
     }
 
-    /// What `/ready` asks for the chain id (default: the upstreams the pipeline calls).
-    pub fn readiness(mut self, upstreams: Arc<dyn Upstreams>) -> Self {
-        self.readiness = Some(upstreams);
-        self
-    }
-
     /// The gateway.
+    ///
+    /// # Panics
+    /// With no network: a gateway serves at least one.
     pub fn build(self) -> Arc<Gateway> {
+        assert!(!self.networks.is_empty(), "a gateway serves at least one network");
         let access = self.access.map(|(access, tiers)| {
             let policies =
                 tiers.iter().map(|(name, deny, allow)| (name.clone(), self.policy.with(deny, allow))).collect();
             AccessControl { access, policies, usage: Default::default() }
         });
-        let readiness = self.readiness.unwrap_or_else(|| self.upstreams.clone());
-        let pipeline =
-            Pipeline::new(self.upstreams, self.limits.max_batch_len, self.limits.max_in_flight, self.policy, access);
+        let shared = pipeline::Shared::new(self.limits.max_batch_len, self.limits.max_in_flight, self.policy, access);
+        let only = self.networks.len() == 1;
+        let mut directory = network::Directory { named: self.named, ..Default::default() };
+        let networks = self
+            .networks
+            .into_iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                if spec.default || only {
+                    directory.default.get_or_insert(i);
+                }
+                directory.entries.push(network::Entry { id: spec.id.clone(), chain_id: spec.chain_id });
+                let id: Arc<str> = Arc::from(spec.id.as_str());
+                let readiness = spec.readiness.unwrap_or_else(|| spec.upstreams.clone());
+                Network {
+                    pipeline: Pipeline::for_network(id.clone(), spec.upstreams, shared.clone()),
+                    id,
+                    chain_id: spec.chain_id,
+                    subscription_url: spec.subscription_url,
+                    upstream_timeout: spec.upstream_timeout,
+                    local_feeds: spec.local_feeds,
+                    readiness,
+                    status: spec.status,
+                }
+            })
+            .collect();
         Arc::new(Gateway {
-            pipeline,
+            networks,
+            directory,
+            shared,
             sessions: Arc::new(tokio::sync::Semaphore::new(self.limits.max_connections)),
-            subscription_url: self.subscription_url,
-            upstream_timeout: self.upstream_timeout,
             limits: self.limits,
             metrics: telemetry::prometheus(),
-            local_feeds: self.local_feeds,
             status: self.status,
-            readiness,
         })
     }
 }

@@ -128,9 +128,9 @@ pub fn admission_limit(max_in_flight: usize, priority: u8) -> usize {
     max_in_flight * (10 - usize::from(priority.min(9))) / 10
 }
 
-/// Parses bodies and answers their calls through the layered [`Upstreams`].
-pub struct Pipeline {
-    upstreams: Arc<dyn Upstreams>,
+/// What every network's pipeline shares: the batch limit, admission (one in-flight count for
+/// the whole process), the method policy and access control.
+pub struct Shared {
     max_batch_len: usize,
     max_in_flight: usize,
     in_flight: Arc<AtomicUsize>,
@@ -138,18 +138,17 @@ pub struct Pipeline {
     access: Option<AccessControl>,
 }
 
-impl Pipeline {
-    /// A pipeline over `upstreams`: batches of at most `max_batch_len`, at most
-    /// `max_in_flight` bodies answered at once, calls filtered by `policy`, and with `access`
-    /// callers identified, charged and held to their tier's method lists.
+impl Shared {
+    /// Batches of at most `max_batch_len`, at most `max_in_flight` bodies answered at once
+    /// across all networks, calls filtered by `policy`, and with `access` callers identified,
+    /// charged and held to their tier's method lists and networks.
     pub fn new(
-        upstreams: Arc<dyn Upstreams>,
         max_batch_len: usize,
         max_in_flight: usize,
         policy: MethodPolicy,
         access: Option<AccessControl>,
-    ) -> Self {
-        Self { upstreams, max_batch_len, max_in_flight, in_flight: Arc::default(), policy, access }
+    ) -> Arc<Self> {
+        Arc::new(Self { max_batch_len, max_in_flight, in_flight: Arc::default(), policy, access })
     }
 
     /// Access control, when on.
@@ -157,16 +156,67 @@ impl Pipeline {
         self.access.as_ref()
     }
 
-    /// Bodies being answered now.
+    /// Bodies being answered now, on every network.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
+    }
+}
+
+/// One network's pipeline: parses bodies and answers their calls through its layered
+/// [`Upstreams`].
+pub struct Pipeline {
+    network: Arc<str>,
+    upstreams: Arc<dyn Upstreams>,
+    shared: Arc<Shared>,
+}
+
+impl Pipeline {
+    /// A single network's pipeline over `upstreams` (see [`Shared::new`] for the rest).
+    pub fn new(
+        upstreams: Arc<dyn Upstreams>,
+        max_batch_len: usize,
+        max_in_flight: usize,
+        policy: MethodPolicy,
+        access: Option<AccessControl>,
+    ) -> Self {
+        let shared = Shared::new(max_batch_len, max_in_flight, policy, access);
+        Self::for_network(Arc::from(sluice_upstream::DEFAULT_NETWORK), upstreams, shared)
+    }
+
+    /// The pipeline of `network` over its `upstreams`, sharing admission and access.
+    pub fn for_network(network: Arc<str>, upstreams: Arc<dyn Upstreams>, shared: Arc<Shared>) -> Self {
+        Self { network, upstreams, shared }
+    }
+
+    /// The network's id.
+    pub fn network(&self) -> &Arc<str> {
+        &self.network
+    }
+
+    /// Access control, when on.
+    pub fn access(&self) -> Option<&AccessControl> {
+        self.shared.access.as_ref()
+    }
+
+    /// Bodies being answered now, on every network.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight()
+    }
+
+    /// Most calls in one batch.
+    pub fn max_batch_len(&self) -> usize {
+        self.shared.max_batch_len
     }
 
     /// Answers one body (HTTP body or WebSocket message) from `edge`.
     pub async fn handle(&self, body: &[u8], edge: Edge<'_>) -> Reply {
-        let (items, batch) = match parse_body(body, self.max_batch_len) {
+        let (items, batch) = match parse_body(body, self.shared.max_batch_len) {
             Err(e) => {
-                telemetry::count_call("", if e.code == codes::PARSE_ERROR { "parse_error" } else { "invalid" });
+                telemetry::count_call(
+                    &self.network,
+                    "",
+                    if e.code == codes::PARSE_ERROR { "parse_error" } else { "invalid" },
+                );
                 return Reply::local_error(e);
             }
             Ok(Incoming::Single(item)) => (vec![item], false),
@@ -194,13 +244,19 @@ impl Pipeline {
             let e = ErrorObject::new(codes::LIMIT_EXCEEDED, "server busy: too many requests in flight; retry shortly");
             Reply { refused: Some(Refused::Busy), ..Reply::local_error(e) }
         })?;
-        if let (Some(control), Some(caller)) = (&self.access, edge.caller) {
+        if let (Some(control), Some(caller)) = (&self.shared.access, edge.caller) {
+            if let Err(refusal) = control.access.admit_to(caller, &self.network) {
+                metrics::counter!("sluice_access_refused_total", "tier" => caller.tier.clone(), "why" => "network")
+                    .increment(1);
+                let reply = Reply::local_error(ErrorObject::new(codes::INVALID_REQUEST, refusal.to_string()));
+                return Err(Reply { refused: Some(Refused::Access(refusal)), ..reply });
+            }
             let methods: Vec<&str> = items.iter().filter_map(|i| i.as_ref().ok().map(|r| r.method.as_str())).collect();
             if let Err(refusal) = control.access.charge(caller, &methods).await {
                 let code = match refusal {
                     Refusal::OverQuota { .. } => codes::LIMIT_EXCEEDED,
                     Refusal::Unavailable => codes::RESOURCE_UNAVAILABLE,
-                    Refusal::Unauthorized(_) => codes::INVALID_REQUEST,
+                    Refusal::Unauthorized(_) | Refusal::Forbidden(_) => codes::INVALID_REQUEST,
                 };
                 let reply = Reply::local_error(ErrorObject::new(code, refusal.to_string()));
                 return Err(Reply { refused: Some(Refused::Access(refusal)), ..reply });
@@ -210,15 +266,15 @@ impl Pipeline {
     }
 
     fn priority(&self, edge: Edge<'_>) -> u8 {
-        match (&self.access, edge.caller) {
+        match (&self.shared.access, edge.caller) {
             (Some(control), Some(caller)) => control.access.tier(caller).map_or(0, |t| t.priority),
             _ => 0,
         }
     }
 
     fn admit(&self, priority: u8) -> Option<Admitted> {
-        let limit = admission_limit(self.max_in_flight, priority);
-        let counter = &self.in_flight;
+        let limit = admission_limit(self.shared.max_in_flight, priority);
+        let counter = &self.shared.in_flight;
         counter
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
             .ok()
@@ -227,9 +283,10 @@ impl Pipeline {
 
     /// The method policy for `edge`'s caller: its tier's, or the global one.
     fn policy_for(&self, edge: Edge<'_>) -> &MethodPolicy {
-        match (&self.access, edge.caller) {
-            (Some(control), Some(caller)) => control.policy_of(caller).unwrap_or(&self.policy),
-            _ => &self.policy,
+        let shared = &self.shared;
+        match (&shared.access, edge.caller) {
+            (Some(control), Some(caller)) => control.policy_of(caller).unwrap_or(&shared.policy),
+            _ => &shared.policy,
         }
     }
 
@@ -245,12 +302,12 @@ impl Pipeline {
         for (i, item) in items.into_iter().enumerate() {
             match item {
                 Err((id, e)) => {
-                    telemetry::count_call("", "invalid");
+                    telemetry::count_call(&self.network, "", "invalid");
                     slots[i] = Some(Outcome::error(&e));
                     ids.push(Some(id));
                 }
                 Ok(req) if !policy.permits(&req.method) => {
-                    telemetry::count_call(&req.method, "denied");
+                    telemetry::count_call(&self.network, &req.method, "denied");
                     let e = ErrorObject::new(
                         codes::METHOD_NOT_FOUND,
                         format!("the method {} is not allowed here", req.method),
@@ -260,7 +317,7 @@ impl Pipeline {
                 }
                 Ok(req) => match route(&req.method) {
                     Route::SocketOnly => {
-                        telemetry::count_call(&req.method, "invalid");
+                        telemetry::count_call(&self.network, &req.method, "invalid");
                         let e = ErrorObject::new(
                             codes::METHOD_NOT_FOUND,
                             format!("{} is only available on a WebSocket connection", req.method),
@@ -271,6 +328,7 @@ impl Pipeline {
                     Route::PassThrough => {
                         ids.push(req.id.clone());
                         let mut call = Call::new(req);
+                        call.ctx.network = self.network.clone();
                         call.ctx.tier = tier.clone();
                         call.ctx.priority = priority;
                         calls.push((i, call));
@@ -290,7 +348,7 @@ impl Pipeline {
                 self.upstreams.call_batch(&refs).await
             };
             for ((i, call), result) in calls.iter().zip(results) {
-                telemetry::count_call(call.method(), outcome_label(&result));
+                telemetry::count_call(&self.network, call.method(), outcome_label(&result));
                 let (outcome, source) = match result {
                     Ok(Answer { outcome, source }) => (outcome, source),
                     Err(e) => (Outcome::error(&e.to_error_object()), Source::Upstream),

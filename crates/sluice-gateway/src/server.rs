@@ -8,6 +8,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
+use crate::network::Target;
 use crate::{http, Gateway};
 
 /// Serves `gateway` on `listener` until `shutdown` resolves, then stops accepting, closes
@@ -49,11 +50,11 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
             let (router, gateway) = (router.clone(), gateway.clone());
             async move {
                 if req.method() == hyper::Method::POST {
-                    if let Some(key) = http::rpc_path(req.uri().path()) {
+                    if let Target::Rpc { network, key } = gateway.resolve(req.uri().path()) {
                         let key = key.map(str::to_owned);
                         let (parts, body) = req.into_parts();
                         return Ok::<_, std::convert::Infallible>(
-                            http::serve_rpc(&gateway, key, &parts.headers, body).await,
+                            http::serve_rpc(&gateway, network, key, &parts.headers, body).await,
                         );
                     }
                 }

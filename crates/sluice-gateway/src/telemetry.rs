@@ -1,7 +1,7 @@
 //! Prometheus metrics for the gateway.
 //!
 //! Metric names:
-//! * `sluice_requests_total{method, outcome}`: calls by method and outcome (`ok`, `rpc_error`,
+//! * `sluice_requests_total{network, method, outcome}`: calls by network, method and outcome (`ok`, `rpc_error`,
 //!   `invalid`, `parse_error`, `denied` by the method policy, or an upstream failure kind such as `timeout`).
 //! * `sluice_request_duration_seconds{transport}`: time to answer an HTTP body or WS message.
 //! * `sluice_requests_in_flight{transport}`: bodies being answered now.
@@ -115,21 +115,25 @@ pub fn method_label(method: &str) -> &'static str {
 }
 
 thread_local! {
-    /// Counter handles by (method label, outcome), both `&'static str`s keyed by address: the
-    /// registry is asked once per pair and thread, not once per call.
-    static CALLS: std::cell::RefCell<std::collections::HashMap<(usize, usize), metrics::Counter>> =
+    /// Counter handles by (network, method label, outcome): the network by its id's address
+    /// (one `Arc<str>` per network, kept for the process's life), the labels `&'static str`s
+    /// keyed by address. The registry is asked once per triple and thread, not once per call.
+    static CALLS: std::cell::RefCell<std::collections::HashMap<(usize, usize, usize), metrics::Counter>> =
         std::cell::RefCell::default();
 }
 
-/// Counts one call.
-pub fn count_call(method: &str, outcome: &'static str) {
+/// Counts one call on `network` (its id, as the network's pipeline holds it).
+pub fn count_call(network: &std::sync::Arc<str>, method: &str, outcome: &'static str) {
     let label = method_label(method);
-    let key = (label.as_ptr() as usize, outcome.as_ptr() as usize);
+    let key = (network.as_ptr() as usize, label.as_ptr() as usize, outcome.as_ptr() as usize);
     CALLS.with(|calls| {
         calls
             .borrow_mut()
             .entry(key)
-            .or_insert_with(|| metrics::counter!("sluice_requests_total", "method" => label, "outcome" => outcome))
+            .or_insert_with(|| {
+                let network = network.to_string();
+                metrics::counter!("sluice_requests_total", "network" => network, "method" => label, "outcome" => outcome)
+            })
             .increment(1);
     });
 }

@@ -33,6 +33,7 @@ const CALLS_PER_SOCKET: usize = 64;
 pub async fn session(
     socket: WebSocket,
     gateway: Arc<Gateway>,
+    network: usize,
     mut shutdown: watch::Receiver<bool>,
     caller: Option<sluice_access::Caller>,
 ) {
@@ -50,6 +51,7 @@ pub async fn session(
     let (local_tx, mut local_rx) = mpsc::channel(OUTBOX);
     let mut session = Session {
         gateway,
+        network,
         outbox,
         subscriptions: Subscriptions::default(),
         calls: Arc::new(Semaphore::new(CALLS_PER_SOCKET)),
@@ -99,6 +101,8 @@ pub async fn session(
 
 struct Session {
     gateway: Arc<Gateway>,
+    /// The network the socket was opened on (its index in the gateway).
+    network: usize,
     outbox: mpsc::Sender<Message>,
     subscriptions: Subscriptions,
     calls: Arc<Semaphore>,
@@ -119,7 +123,7 @@ impl Session {
             Ok(Incoming::Batch(items)) => (items, true),
         };
         let edge = Edge { caller: self.caller.as_ref() };
-        let admitted = match self.gateway.pipeline.admit_and_charge(&items, edge).await {
+        let admitted = match self.network().pipeline.admit_and_charge(&items, edge).await {
             Ok(admitted) => admitted,
             Err(refusal) => return self.send(refusal).await,
         };
@@ -138,19 +142,26 @@ impl Session {
         let Ok(permit) = self.calls.clone().acquire_owned().await else {
             return;
         };
-        let gateway = self.gateway.clone();
+        let (gateway, network) = (self.gateway.clone(), self.network);
         let outbox = self.outbox.clone();
         let caller = self.caller.clone();
         tokio::spawn(async move {
             let _in_flight = InFlight::start(Transport::Ws);
             let edge = Edge { caller: caller.as_ref() };
-            let (responses, _) = gateway.pipeline.respond(items, edge).await;
+            let Some(network) = gateway.network(network) else { return };
+            let (responses, _) = network.pipeline.respond(items, edge).await;
             drop(admitted);
             if !responses.is_empty() {
                 let _ = outbox.send(text(write_responses(batch, &responses))).await;
             }
             drop(permit);
         });
+    }
+
+    /// The network this socket serves.
+    fn network(&self) -> &crate::Network {
+        // The index came from this gateway's own directory; networks are never removed.
+        &self.gateway.networks()[self.network]
     }
 
     /// Subscriptions this connection holds.
@@ -177,7 +188,7 @@ impl Session {
             Ok(req) if is_subscription_method(&req.method) => req,
             other => {
                 let edge = Edge { caller: self.caller.as_ref() };
-                return self.gateway.pipeline.respond(vec![other], edge).await.0;
+                return self.network().pipeline.respond(vec![other], edge).await.0;
             }
         };
         // Places against the key's subscription limit follow what this connection holds.
@@ -196,7 +207,7 @@ impl Session {
             self.release_subscriptions(before.saturating_sub(self.held()));
             outcome
         };
-        telemetry::count_call(&req.method, if outcome.is_error() { "rpc_error" } else { "ok" });
+        telemetry::count_call(&self.network().id, &req.method, if outcome.is_error() { "rpc_error" } else { "ok" });
         req.id.map(|id| Response { id, outcome }).into_iter().collect()
     }
 
@@ -212,12 +223,14 @@ impl Session {
         if let Some(outcome) = self.subscribe_locally(req) {
             return outcome;
         }
-        let Some(url) = self.gateway.subscription_url.as_deref() else {
+        let network = self.network();
+        let (url, timeout) = (network.subscription_url.clone(), network.upstream_timeout);
+        let Some(url) = url.as_deref() else {
             return ErrorObject::new(codes::METHOD_NOT_FOUND, "subscriptions are not available: no upstream WebSocket")
                 .into();
         };
         if self.subscriptions.upstream.is_none() {
-            match UpstreamSocket::connect(url, self.gateway.upstream_timeout).await {
+            match UpstreamSocket::connect(url, timeout).await {
                 Ok((socket, events)) => {
                     self.subscriptions.upstream = Some(socket);
                     self.subscriptions.events = Some(events);
@@ -269,7 +282,7 @@ impl Session {
 
     /// Serves the subscription locally when a local feed takes these params.
     fn subscribe_locally(&mut self, req: &Request) -> Option<Outcome> {
-        let feeds = self.gateway.local_feeds.as_ref()?;
+        let feeds = self.network().local_feeds.as_ref()?;
         let params: Vec<serde_json::Value> = serde_json::from_str(req.params_text()).ok()?;
         let mut stream = feeds.subscribe(&params)?;
         let client_id = new_subscription_id();

@@ -6,11 +6,14 @@
 //! rules are the pure [`outbox`]: per-peer bounded queues, a cap on streams in flight below the
 //! peer's stream limit, retries with exponential backoff and jitter, re-dials, and a deadline,
 //! after which a message has failed, counted and logged. Nothing ends silently. A peer that
-//! sends transactions no honest node would forward is banned for a while ([`conduct`]).
+//! sends transactions no honest node would forward is banned for a while ([`conduct`]). Each
+//! transaction names its chain; a node serving several chains takes it into that chain's pool
+//! only ([`chains`]).
 //!
 //! [`node`] is the async shell (one swarm task); [`memory::MemoryPool`] is a stand-in pool for
 //! tests and benchmarks of the mesh alone.
 
+pub mod chains;
 pub mod conduct;
 pub mod config;
 mod contents;
@@ -20,6 +23,7 @@ pub mod node;
 pub mod outbox;
 pub mod status;
 
+pub use chains::{ChainPool, UNNAMED_CHAIN};
 pub use config::{load_or_generate_key, MeshConfig, MeshSettings};
 pub use libp2p::identity::Keypair;
 pub use node::{BroadcastRefused, Mesh, MeshError, PoolContents, TxBatch, Verdict, MAX_BATCH_IN, PROTOCOL};

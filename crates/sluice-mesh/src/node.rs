@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use sluice_pool::{Origin, SubmitError, TxIntake};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::chains::{ChainPool, UNNAMED_CHAIN};
 use crate::conduct::Conduct;
 use crate::config::MeshConfig;
 use crate::known::Known;
@@ -40,11 +41,15 @@ pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// Transactions a node remembers who sent to it (bounded; the oldest are forgotten first).
 const KNOWN_HASHES: usize = 100_000;
 
-/// One request: transactions, each as raw EIP-2718 bytes.
+/// One request: transactions, each as raw EIP-2718 bytes, each with its chain id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TxBatch {
     /// The transactions, in the order the sender pooled them.
     pub txs: Vec<serde_bytes::ByteBuf>,
+    /// The chain of each transaction, in the same order. Absent (a sender that names none):
+    /// each for the receiver's first pool.
+    #[serde(default)]
+    pub chains: Vec<u64>,
 }
 
 /// What a node's pool holds, handed to each peer when it connects (and to every peer when
@@ -60,6 +65,7 @@ pub trait PoolContents: Send + Sync + 'static {
 struct Tx {
     hash: B256,
     raw: Bytes,
+    chain_id: u64,
 }
 
 impl Weight for Tx {
@@ -79,13 +85,18 @@ pub enum Verdict {
     Unavailable(String),
 }
 
+/// The behaviours, in the order the swarm asks them about a new connection. The ones that may
+/// deny it (the block list, the limits) come first: a behaviour asked before a later one denies
+/// the connection has already recorded it, and request-response would then keep a phantom
+/// connection (its sends go nowhere, and a debug build panics when the peer's last real
+/// connection closes; rust-libp2p PR #6601).
 #[derive(NetworkBehaviour)]
 struct Behaviour {
-    tx: request_response::cbor::Behaviour<TxBatch, Vec<Verdict>>,
-    identify: identify::Behaviour,
-    limits: libp2p::connection_limits::Behaviour,
     /// Banned peers: their connections are closed and refused.
     blocked: libp2p::allow_block_list::Behaviour<libp2p::allow_block_list::BlockedPeers>,
+    limits: libp2p::connection_limits::Behaviour,
+    tx: request_response::cbor::Behaviour<TxBatch, Vec<Verdict>>,
+    identify: identify::Behaviour,
     /// Discovery, when configured.
     kad: libp2p::swarm::behaviour::toggle::Toggle<kad::Behaviour<kad::store::MemoryStore>>,
 }
@@ -118,6 +129,8 @@ pub enum MeshError {
 #[derive(Clone)]
 pub struct Mesh {
     commands: mpsc::Sender<Command>,
+    /// The chain [`Mesh::broadcast`] names: the first pool's.
+    first_chain: u64,
     peer_id: PeerId,
     listen: Arc<Vec<Multiaddr>>,
     refused: Arc<std::sync::atomic::AtomicU64>,
@@ -149,8 +162,8 @@ struct Node {
     /// Send-to-verdict time of each transaction, microseconds.
     ack_times: hdrhistogram::Histogram<u64>,
     inbound: InboundCounts,
-    intake: Arc<dyn TxIntake>,
-    contents: Option<Arc<dyn PoolContents>>,
+    /// The pools of the chains this node serves.
+    chains: Arc<Vec<ChainPool>>,
     sync_limit: usize,
     /// With discovery: peers found are dialed while fewer than this are connected.
     target_peers: usize,
@@ -172,15 +185,28 @@ pub fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
 }
 
 impl Mesh {
-    /// Starts a node with `key`, listening on `config.listen`, dialing `config.peers`, taking
-    /// received transactions into `intake`, and handing what `contents` holds to each peer that
-    /// connects. Returns once it listens.
+    /// Starts a node of one pool, naming no chain ([`UNNAMED_CHAIN`]): see [`Mesh::start_chains`].
     pub async fn start(
         config: MeshConfig,
         key: identity::Keypair,
         intake: Arc<dyn TxIntake>,
         contents: Option<Arc<dyn PoolContents>>,
     ) -> Result<Mesh, MeshError> {
+        Self::start_chains(config, key, vec![ChainPool { chain_id: UNNAMED_CHAIN, intake, contents }]).await
+    }
+
+    /// Starts a node with `key`, listening on `config.listen`, dialing `config.peers`, taking
+    /// received transactions into their chain's pool in `chains`, and handing what each pool
+    /// holds to each peer that connects. Returns once it listens.
+    ///
+    /// # Errors
+    /// Bad settings, no pool, or a listen address that cannot be bound.
+    pub async fn start_chains(
+        config: MeshConfig,
+        key: identity::Keypair,
+        chains: Vec<ChainPool>,
+    ) -> Result<Mesh, MeshError> {
+        let first_chain = chains.first().map(|c| c.chain_id).ok_or_else(|| MeshError::Config("no pool".into()))?;
         let outbox_config = config.outbox();
         // Our sends to a peer are capped below this, and so are a well-behaved peer's to us.
         let streams = outbox_config.max_in_flight * 2 + 32;
@@ -283,8 +309,7 @@ impl Mesh {
             ack_times: hdrhistogram::Histogram::new_with_bounds(1, 600_000_000, 2)
                 .map_err(|e| MeshError::Config(e.to_string()))?,
             inbound: InboundCounts::default(),
-            intake,
-            contents,
+            chains: Arc::new(chains),
             sync_limit: config.sync_limit,
             target_peers: config.target_peers,
             conduct: Conduct::new(config.conduct),
@@ -293,7 +318,7 @@ impl Mesh {
             failures_logged: 0,
         };
         tokio::spawn(node.run(commands_rx, answers_rx, listen.clone()));
-        Ok(Mesh { commands, peer_id, listen: Arc::new(listen), refused: Default::default(), latest })
+        Ok(Mesh { commands, first_chain, peer_id, listen: Arc::new(listen), refused: Default::default(), latest })
     }
 
     /// This node's peer id.
@@ -306,10 +331,16 @@ impl Mesh {
         self.listen.iter().map(|a| a.clone().with(libp2p::multiaddr::Protocol::P2p(self.peer_id))).collect()
     }
 
-    /// Sends a transaction to every peer (except the one it came from). Refused at once, and
-    /// counted, when the node's command queue is full.
+    /// Sends a transaction of the first pool's chain to every peer (except the one it came
+    /// from): see [`Mesh::broadcast_on`].
     pub fn broadcast(&self, raw: Vec<u8>) -> Result<(), BroadcastRefused> {
-        let command = Command::Broadcast(Arc::new(Tx { hash: keccak256(&raw), raw: raw.into() }));
+        self.broadcast_on(self.first_chain, raw)
+    }
+
+    /// Sends a transaction of chain `chain_id` to every peer (except the one it came from).
+    /// Refused at once, and counted, when the node's command queue is full.
+    pub fn broadcast_on(&self, chain_id: u64, raw: Vec<u8>) -> Result<(), BroadcastRefused> {
+        let command = Command::Broadcast(Arc::new(Tx { hash: keccak256(&raw), raw: raw.into(), chain_id }));
         self.commands.try_send(command).map_err(|_| {
             self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             metrics::counter!("sluice_mesh_broadcasts_refused_total").increment(1);
@@ -367,6 +398,8 @@ struct Answer {
     channel: ResponseChannel<Vec<Verdict>>,
     verdicts: Vec<Verdict>,
     malformed: u64,
+    /// Transactions of chains this node does not serve.
+    unserved: u64,
 }
 
 impl Node {
@@ -403,6 +436,10 @@ impl Node {
                     // A failure to answer (the peer went away) surfaces on its side as a
                     // failed request, which it retries.
                     let _ = self.swarm.behaviour_mut().tx.send_response(answer.channel, answer.verdicts);
+                    if answer.unserved > 0 {
+                        self.inbound.unserved_chain += answer.unserved;
+                        metrics::counter!("sluice_mesh_unserved_chain_total").increment(answer.unserved);
+                    }
                     self.judge(answer.peer, answer.malformed);
                 }
                 _ = tick.tick() => {
@@ -437,16 +474,22 @@ impl Node {
     /// Queues what the pool holds for `peer` (up to `sync_limit`, and what its queue has room
     /// for), skipping what it is known to have.
     fn sync(&mut self, peer: PeerId) {
-        let Some(contents) = self.contents.clone().filter(|_| self.sync_limit > 0) else { return };
+        if self.sync_limit == 0 {
+            return;
+        }
         let room = self.outbox.config().queue_per_peer.saturating_sub(self.outbox.depth(&peer).0 + 1);
-        let txs = contents.transactions();
+        let chains = self.chains.clone();
+        let txs = chains
+            .iter()
+            .filter_map(|c| Some((c.chain_id, c.contents.as_ref()?.transactions())))
+            .flat_map(|(chain_id, txs)| txs.into_iter().map(move |(hash, raw)| Tx { hash, raw, chain_id }));
         let now = self.now();
         let mut queued = 0;
-        for (hash, raw) in txs.into_iter().take(self.sync_limit.min(room)) {
-            if self.known.has(&hash, &peer) {
+        for tx in txs.take(self.sync_limit.min(room)) {
+            if self.known.has(&tx.hash, &peer) {
                 continue;
             }
-            match self.outbox.enqueue(now, &peer, Arc::new(Tx { hash, raw })) {
+            match self.outbox.enqueue(now, &peer, Arc::new(tx)) {
                 Ok(_) => queued += 1,
                 Err(done) => self.finished(done),
             }
@@ -481,8 +524,10 @@ impl Node {
         for action in actions {
             match action {
                 Action::Send { peer, send, messages, .. } => {
-                    let batch =
-                        TxBatch { txs: messages.iter().map(|m| serde_bytes::ByteBuf::from(m.raw.to_vec())).collect() };
+                    let batch = TxBatch {
+                        txs: messages.iter().map(|m| serde_bytes::ByteBuf::from(m.raw.to_vec())).collect(),
+                        chains: messages.iter().map(|m| m.chain_id).collect(),
+                    };
                     let request = self.swarm.behaviour_mut().tx.send_request(&peer, batch);
                     self.requests.insert(request, (send, Instant::now()));
                     metrics::counter!("sluice_mesh_sends_total").increment(1);
@@ -615,7 +660,7 @@ impl Node {
         use request_response::{Event, Message};
         match event {
             Event::Message { peer, message: Message::Request { request, channel, .. }, .. } => {
-                let txs = request.txs;
+                let (txs, named) = (request.txs, request.chains);
                 self.inbound.received += txs.len() as u64;
                 self.inbound.requests += 1;
                 if txs.len() > MAX_BATCH_IN {
@@ -630,30 +675,42 @@ impl Node {
                 for raw in &txs {
                     self.known.insert(keccak256(raw), peer);
                 }
-                let intake = self.intake.clone();
+                let chains = self.chains.clone();
                 let answers = self.answers_tx.clone();
                 tokio::spawn(async move {
                     // All at once, in order: the pool takes a sender's nonces as they come.
-                    let mut malformed = 0;
-                    let verdicts = futures_util::future::join_all(txs.into_iter().map(|raw| {
-                        let intake = intake.clone();
-                        async move { intake.submit(raw.into_vec().into(), Origin::Peer).await }
+                    let (mut malformed, mut unserved) = (0, 0);
+                    let verdicts = futures_util::future::join_all(txs.into_iter().enumerate().map(|(i, raw)| {
+                        let chain = (!named.is_empty()).then(|| named.get(i).copied().unwrap_or(u64::MAX));
+                        let intake = crate::chains::pool_for(&chains, chain).map(|p| p.intake.clone());
+                        async move {
+                            match intake {
+                                Some(intake) => Some(intake.submit(raw.into_vec().into(), Origin::Peer).await),
+                                None => None,
+                            }
+                        }
                     }))
                     .await
                     .into_iter()
-                    .map(|result| match result {
-                        Ok(_) => Verdict::Accepted,
-                        Err(e @ (SubmitError::Busy | SubmitError::Unavailable(_))) => {
+                    .enumerate()
+                    .map(|(i, result)| match result {
+                        None => {
+                            // Not held against the sender: it does not know which chains we serve.
+                            unserved += 1;
+                            Verdict::Invalid(format!("chain {} is not served by this node", named[i]))
+                        }
+                        Some(Ok(_)) => Verdict::Accepted,
+                        Some(Err(e @ (SubmitError::Busy | SubmitError::Unavailable(_)))) => {
                             Verdict::Unavailable(e.to_string())
                         }
-                        Err(e) => {
+                        Some(Err(e)) => {
                             // Failing the stateless rules: the sender did not check it.
                             malformed += matches!(e, SubmitError::Invalid(_)) as u64;
                             Verdict::Invalid(e.to_string())
                         }
                     })
                     .collect();
-                    let _ = answers.send(Answer { peer, channel, verdicts, malformed }).await;
+                    let _ = answers.send(Answer { peer, channel, verdicts, malformed, unserved }).await;
                 });
             }
             Event::Message { peer, message: Message::Response { request_id, response }, .. } => {

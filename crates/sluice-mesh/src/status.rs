@@ -18,6 +18,8 @@ pub struct InboundCounts {
     pub malformed: u64,
     /// Peers banned, since start.
     pub bans: u64,
+    /// Transactions of chains this node does not serve, refused (not held against the sender).
+    pub unserved_chain: u64,
 }
 
 /// One peer.

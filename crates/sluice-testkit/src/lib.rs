@@ -12,7 +12,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,9 +23,13 @@ pub use fake_upstream::{FakeUpstream, Fault};
 pub use tls_relay::TlsRelay;
 mod tls_relay;
 
-/// The workspace root (two levels above this crate).
+/// The workspace root (two levels above the crate under test). Read when the test runs
+/// (cargo sets `CARGO_MANIFEST_DIR` for it), so that a build reused from another checkout of
+/// the same tree still finds this checkout's tools; the compile-time value is the fallback.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).expect("workspace root").to_owned()
+    let manifest =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from);
+    manifest.ancestors().nth(2).expect("workspace root").to_owned()
 }
 
 /// Path of a Foundry tool (`anvil`, `cast`) in the project-local tools folder.

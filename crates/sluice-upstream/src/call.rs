@@ -20,7 +20,7 @@ pub struct Call {
 /// The context of a [`Call`].
 #[derive(Debug, Clone)]
 pub struct CallCtx {
-    /// The network it is for (one per sluice for now).
+    /// The id of the network it is for (its pipeline sets it).
     pub network: Arc<str>,
     /// The caller's tier, with access control on.
     pub tier: Option<Arc<str>>,

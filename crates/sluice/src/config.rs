@@ -11,6 +11,8 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+pub use crate::networks::{NetworkConfig, NetworkSection};
+
 /// The whole configuration of `sluice serve`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,6 +50,10 @@ pub struct Config {
     /// The peer mesh with other sluice nodes (see docs/mesh.md); absent: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mesh: Option<sluice_mesh::MeshSettings>,
+    /// Several networks, each at its own path (see docs/networks.md); absent: one implicit
+    /// network of the top-level upstreams and sections.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<NetworkSection>,
 }
 
 /// The method policy: denied methods are answered -32601 at once, never forwarded.
@@ -574,15 +580,12 @@ fn describe(e: figment::Error) -> anyhow::Error {
 }
 
 impl Config {
-    /// Checks what serde cannot: at least one usable upstream, non-zero limits.
+    /// Checks what serde cannot: each network's sections (see [`NetworkConfig::validate`]),
+    /// non-zero limits, the access and method lists.
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            !self.upstreams.is_empty(),
-            "no upstream: give --upstream URL, SLUICE_UPSTREAM or [[upstreams]] in the file"
-        );
-        for (i, upstream) in self.upstreams.iter().enumerate() {
-            upstream.endpoints().map_err(|e| anyhow::anyhow!("upstreams[{i}].url: {e}"))?;
-            anyhow::ensure!(!upstream.timeout.is_zero(), "upstreams[{i}].timeout: must be more than zero");
+        let networks = self.networks()?;
+        for network in &networks {
+            network.validate()?;
         }
         let l = &self.limits;
         for (key, value) in [
@@ -595,63 +598,88 @@ impl Config {
             anyhow::ensure!(value > 0, "{key}: must be more than zero");
         }
         anyhow::ensure!(!l.client_timeout.is_zero(), "limits.client_timeout: must be more than zero");
-        if let Some(ingress) = &self.ingress {
-            ingress.validate()?;
-            anyhow::ensure!(self.mempool.enabled, "ingress: needs the mempool ([mempool] enabled = true)");
-        }
         if let Some(mesh) = &self.mesh {
             mesh.parse().map_err(anyhow::Error::msg)?;
-            anyhow::ensure!(self.mempool.enabled, "mesh: needs the mempool ([mempool] enabled = true)");
-        }
-        anyhow::ensure!(self.pool.max_attempts > 0, "pool.max_attempts: must be more than zero");
-        anyhow::ensure!(self.pool.max_batch > 0, "pool.max_batch: must be more than zero");
-        anyhow::ensure!(!self.pool.deadline.is_zero(), "pool.deadline: must be more than zero");
-        anyhow::ensure!(!self.pool.probe_interval.is_zero(), "pool.probe_interval: must be more than zero");
-        self.pool.hedge_after().map_err(anyhow::Error::msg)?;
-        self.pool.method_timeouts().map_err(anyhow::Error::msg)?;
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&self.pool.hedge_max_extra),
-            "pool.hedge_max_extra: must be between 0 and 1"
-        );
-        for (i, upstream) in self.upstreams.iter().enumerate() {
-            anyhow::ensure!(upstream.weight > 0, "upstreams[{i}].weight: must be more than zero");
-            anyhow::ensure!(upstream.rate.is_none_or(|r| r > 0.0), "upstreams[{i}].rate: must be more than zero");
-            anyhow::ensure!(upstream.max_batch != Some(0), "upstreams[{i}].max_batch: must be more than zero");
             anyhow::ensure!(
-                upstream.max_concurrency != Some(0),
-                "upstreams[{i}].max_concurrency: must be more than zero"
+                networks.iter().any(|n| n.mempool.enabled),
+                "mesh: needs the mempool ([mempool] enabled = true)"
             );
-            if let Some(ca) = &upstream.ca_file {
-                anyhow::ensure!(ca.is_file(), "upstreams[{i}].ca_file: {} not found", ca.display());
-            }
         }
-        sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(anyhow::Error::msg)?;
         if let Some(access) = &self.access {
             access.validate().map_err(anyhow::Error::msg)?;
             for (name, tier) in &access.tiers {
                 sluice_gateway::policy::MethodPolicy::validate(&tier.deny)
                     .and_then(|_| sluice_gateway::policy::MethodPolicy::validate(&tier.allow))
                     .map_err(|e| anyhow::anyhow!("access.tiers.{name}: {e}"))?;
+                for id in &tier.networks {
+                    anyhow::ensure!(
+                        networks.iter().any(|n| &n.id == id),
+                        "access.tiers.{name}.networks: no network has the id {id:?}"
+                    );
+                }
             }
         }
         sluice_gateway::policy::MethodPolicy::validate(&self.methods.deny)
             .map_err(|e| anyhow::anyhow!("methods.deny: {e}"))?;
         sluice_gateway::policy::MethodPolicy::validate(&self.methods.allow)
             .map_err(|e| anyhow::anyhow!("methods.allow: {e}"))?;
-        anyhow::ensure!(self.logs.max_block_range > 0, "logs.max_block_range: must be more than zero");
-        anyhow::ensure!(self.logs.concurrency > 0, "logs.concurrency: must be more than zero");
-        anyhow::ensure!(self.logs.max_chunks > 0, "logs.max_chunks: must be more than zero");
+        Ok(())
+    }
+}
+
+impl NetworkConfig {
+    /// Checks one network's upstreams and sections; every error names the network's key
+    /// (`networks[eth].pool.max_batch`, or `pool.max_batch` for the implicit network).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let at = &self.prefix;
+        if self.upstreams.is_empty() {
+            match at.is_empty() {
+                true => anyhow::bail!("no upstream: give --upstream URL, SLUICE_UPSTREAM or [[upstreams]] in the file"),
+                false => anyhow::bail!("{at}upstreams: none: give the network [[networks.upstreams]]"),
+            }
+        }
+        for (i, upstream) in self.upstreams.iter().enumerate() {
+            upstream.endpoints().map_err(|e| anyhow::anyhow!("{at}upstreams[{i}].url: {e}"))?;
+            anyhow::ensure!(!upstream.timeout.is_zero(), "{at}upstreams[{i}].timeout: must be more than zero");
+            anyhow::ensure!(upstream.weight > 0, "{at}upstreams[{i}].weight: must be more than zero");
+            anyhow::ensure!(upstream.rate.is_none_or(|r| r > 0.0), "{at}upstreams[{i}].rate: must be more than zero");
+            anyhow::ensure!(upstream.max_batch != Some(0), "{at}upstreams[{i}].max_batch: must be more than zero");
+            anyhow::ensure!(
+                upstream.max_concurrency != Some(0),
+                "{at}upstreams[{i}].max_concurrency: must be more than zero"
+            );
+            if let Some(ca) = &upstream.ca_file {
+                anyhow::ensure!(ca.is_file(), "{at}upstreams[{i}].ca_file: {} not found", ca.display());
+            }
+        }
+        if let Some(ingress) = &self.ingress {
+            ingress.validate().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+            anyhow::ensure!(self.mempool.enabled, "{at}ingress: needs the mempool ([mempool] enabled = true)");
+        }
+        let p = &self.pool;
+        anyhow::ensure!(p.max_attempts > 0, "{at}pool.max_attempts: must be more than zero");
+        anyhow::ensure!(p.max_batch > 0, "{at}pool.max_batch: must be more than zero");
+        anyhow::ensure!(!p.deadline.is_zero(), "{at}pool.deadline: must be more than zero");
+        anyhow::ensure!(!p.probe_interval.is_zero(), "{at}pool.probe_interval: must be more than zero");
+        p.hedge_after().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        p.method_timeouts().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        anyhow::ensure!((0.0..=1.0).contains(&p.hedge_max_extra), "{at}pool.hedge_max_extra: must be between 0 and 1");
+        sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        let l = &self.logs;
+        anyhow::ensure!(l.max_block_range > 0, "{at}logs.max_block_range: must be more than zero");
+        anyhow::ensure!(l.concurrency > 0, "{at}logs.concurrency: must be more than zero");
+        anyhow::ensure!(l.max_chunks > 0, "{at}logs.max_chunks: must be more than zero");
         let m = &self.mempool;
-        anyhow::ensure!(m.max_tx_bytes > 0, "mempool.max_tx_bytes: must be more than zero");
-        anyhow::ensure!(!m.rebroadcast_interval.is_zero(), "mempool.rebroadcast_interval: must be more than zero");
+        anyhow::ensure!(m.max_tx_bytes > 0, "{at}mempool.max_tx_bytes: must be more than zero");
+        anyhow::ensure!(!m.rebroadcast_interval.is_zero(), "{at}mempool.rebroadcast_interval: must be more than zero");
         let c = &self.cache;
-        anyhow::ensure!(c.memory_bytes > 0, "cache.memory_bytes: must be more than zero");
-        anyhow::ensure!(c.window >= 2, "cache.window: must be at least 2");
-        anyhow::ensure!(!c.poll_interval.is_zero(), "cache.poll_interval: must be more than zero");
+        anyhow::ensure!(c.memory_bytes > 0, "{at}cache.memory_bytes: must be more than zero");
+        anyhow::ensure!(c.window >= 2, "{at}cache.window: must be at least 2");
+        anyhow::ensure!(!c.poll_interval.is_zero(), "{at}cache.poll_interval: must be more than zero");
         if let Some(redis) = &c.redis {
-            let url = url::Url::parse(&redis.url).map_err(|e| anyhow::anyhow!("cache.redis.url: {e}"))?;
-            anyhow::ensure!(url.scheme() == "redis", "cache.redis.url: must be a redis:// URL");
-            anyhow::ensure!(!redis.timeout.is_zero(), "cache.redis.timeout: must be more than zero");
+            let url = url::Url::parse(&redis.url).map_err(|e| anyhow::anyhow!("{at}cache.redis.url: {e}"))?;
+            anyhow::ensure!(url.scheme() == "redis", "{at}cache.redis.url: must be a redis:// URL");
+            anyhow::ensure!(!redis.timeout.is_zero(), "{at}cache.redis.timeout: must be more than zero");
         }
         Ok(())
     }

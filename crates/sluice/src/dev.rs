@@ -42,10 +42,19 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Starts anvil on `port` and waits until it answers JSON-RPC. The child is killed on drop.
-pub async fn start_anvil(anvil: &Path, port: u16, block_time: Option<u64>) -> anyhow::Result<Child> {
+/// Starts anvil on `port` (on chain `chain_id`, anvil's 31337 by default) and waits until it
+/// answers JSON-RPC. The child is killed on drop.
+pub async fn start_anvil(
+    anvil: &Path,
+    port: u16,
+    block_time: Option<u64>,
+    chain_id: Option<u64>,
+) -> anyhow::Result<Child> {
     let mut command = Command::new(anvil);
     command.args(["--host", "127.0.0.1", "--port", &port.to_string()]);
+    if let Some(chain_id) = chain_id {
+        command.args(["--chain-id", &chain_id.to_string()]);
+    }
     if let Some(seconds) = block_time {
         command.args(["--block-time", &seconds.to_string()]);
     }
@@ -66,4 +75,26 @@ pub async fn start_anvil(anvil: &Path, port: u16, block_time: Option<u64>) -> an
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     anyhow::bail!("anvil did not start listening on port {port} within 30 s")
+}
+
+/// The first chain id `sluice dev` gives its anvils (anvil's own default); the next ones count up.
+pub const FIRST_CHAIN_ID: u64 = 31337;
+
+/// The `[[networks]]` of `sluice dev --networks N`: `devnet1` (the default, chain 31337),
+/// `devnet2` (31338), … each in front of its anvil at `urls[i]`.
+pub fn networks(urls: &[String]) -> Vec<crate::config::NetworkSection> {
+    urls.iter()
+        .enumerate()
+        .map(|(i, url)| crate::config::NetworkSection {
+            id: format!("devnet{}", i + 1),
+            chain_id: FIRST_CHAIN_ID + i as u64,
+            default: i == 0,
+            upstreams: vec![crate::config::UpstreamConfig::from_url(url.clone())],
+            cache: None,
+            mempool: None,
+            logs: None,
+            pool: None,
+            ingress: None,
+        })
+        .collect()
 }

@@ -2,6 +2,8 @@
 
 pub mod config;
 pub mod dev;
+pub mod networks;
 pub mod quic;
 pub mod report;
 pub mod serve;
+pub mod stack;

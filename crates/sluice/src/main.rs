@@ -47,7 +47,11 @@ enum Command {
         /// Mine a block every N seconds (default: when a transaction arrives).
         #[arg(long)]
         block_time: Option<u64>,
-        /// UDP address for the QUIC transaction ingress.
+        /// Networks to start: N anvils on chain ids 31337, 31338, …, served at /devnet1 … (the
+        /// first also at /).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+        networks: u16,
+        /// UDP address for the QUIC transaction ingress (of the first network).
         #[arg(long, default_value = "127.0.0.1:8547")]
         quic: SocketAddr,
     },
@@ -112,24 +116,38 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let config = config::load(file.as_deref(), &Overrides { listen, upstreams })?;
             serve::run(config, serve::shutdown_signal()).await
         }
-        Command::Dev { listen, anvil, anvil_port, block_time, quic } => {
+        Command::Dev { listen, anvil, anvil_port, block_time, networks, quic } => {
             let anvil = dev::find_anvil(anvil.as_deref())?;
-            let port = match anvil_port {
-                Some(port) => port,
-                None => dev::free_port()?,
-            };
-            let mut child = dev::start_anvil(&anvil, port, block_time).await?;
-            let upstream = format!("http://127.0.0.1:{port}");
-            println!("anvil devnet on {upstream} (chain id 31337; {})", anvil.display());
+            let mut children = Vec::new();
+            let mut urls = Vec::new();
+            for i in 0..u64::from(networks) {
+                let port = match (anvil_port, i) {
+                    (Some(port), 0) => port,
+                    _ => dev::free_port()?,
+                };
+                let chain_id = dev::FIRST_CHAIN_ID + i;
+                children.push(dev::start_anvil(&anvil, port, block_time, Some(chain_id)).await?);
+                let url = format!("http://127.0.0.1:{port}");
+                println!("anvil devnet on {url} (chain id {chain_id}; {})", anvil.display());
+                urls.push(url);
+            }
             println!("funded dev account 0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266, key 0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80");
             let mut config = config::load_layers(None, &Overrides { listen: Some(listen), upstreams: vec![] })?;
-            config.upstreams = vec![UpstreamConfig::from_url(upstream)];
-            if config.mempool.enabled {
-                config.ingress.get_or_insert_with(Default::default).listen = quic;
+            let settings = config.ingress.take().unwrap_or_default();
+            let quic = config.mempool.enabled.then_some(sluice_ingress::IngressConfig { listen: quic, ..settings });
+            if networks == 1 {
+                config.upstreams = vec![UpstreamConfig::from_url(urls[0].clone())];
+                config.ingress = quic;
+            } else {
+                config.upstreams.clear();
+                config.networks = dev::networks(&urls);
+                config.networks[0].ingress = quic;
             }
             config.validate()?;
             let result = serve::run(config, serve::shutdown_signal()).await;
-            let _ = child.kill().await;
+            for mut child in children {
+                let _ = child.kill().await;
+            }
             println!("anvil stopped");
             result
         }
@@ -142,7 +160,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Send(args) => sluice::quic::run_send(args).await,
         Command::Config { action: ConfigAction::Validate { file } } => {
             let config = config::validate_file(&file)?;
-            println!("{}: ok ({} upstream(s), listen {})", file.display(), config.upstreams.len(), config.listen);
+            let networks = config.networks()?;
+            let upstreams: usize = networks.iter().map(|n| n.upstreams.len()).sum();
+            match &networks[..] {
+                [_] if config.networks.is_empty() => {
+                    println!("{}: ok ({upstreams} upstream(s), listen {})", file.display(), config.listen)
+                }
+                _ => {
+                    let ids: Vec<&str> = networks.iter().map(|n| n.id.as_str()).collect();
+                    println!(
+                        "{}: ok ({} networks: {}; {upstreams} upstream(s), listen {})",
+                        file.display(),
+                        ids.len(),
+                        ids.join(", "),
+                        config.listen
+                    )
+                }
+            }
             Ok(())
         }
     }

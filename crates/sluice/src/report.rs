@@ -125,7 +125,7 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
     let version = Command::new(&anvil_path).arg("--version").output().await?;
     args.anvil_version = String::from_utf8_lossy(&version.stdout).lines().next().unwrap_or("unknown").trim().to_owned();
     let port = dev::free_port()?;
-    let _anvil = dev::start_anvil(&anvil_path, port, None).await?;
+    let _anvil = dev::start_anvil(&anvil_path, port, None, None).await?;
     let anvil = format!("http://127.0.0.1:{port}");
     let node = HttpUpstream::new(HttpUpstreamConfig {
         name: "report".into(),

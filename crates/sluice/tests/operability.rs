@@ -18,9 +18,13 @@ async fn health_ready_and_metrics() {
     assert_eq!(get("/").await.unwrap().status(), 405, "GET without upgrade");
     post(&net.client, &base, r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#).await;
     post(&net.client, &base, "{").await;
-    let ok = metric(&net.client, &base, r#"sluice_requests_total{method="eth_chainId",outcome="ok"} "#).await;
+    let ok =
+        metric(&net.client, &base, r#"sluice_requests_total{network="default",method="eth_chainId",outcome="ok"} "#)
+            .await;
     assert!(ok >= Some(1.0), "{ok:?}");
-    let bad = metric(&net.client, &base, r#"sluice_requests_total{method="none",outcome="parse_error"} "#).await;
+    let bad =
+        metric(&net.client, &base, r#"sluice_requests_total{network="default",method="none",outcome="parse_error"} "#)
+            .await;
     assert_eq!(bad, Some(1.0));
     let upstream =
         metric(&net.client, &base, r#"sluice_upstream_calls_total{upstream="upstream-0",outcome="ok"} "#).await;

@@ -1,0 +1,207 @@
+//! Networks: one sluice serves several chains, each with a pipeline of its own, found by the
+//! request path. [`resolve`] is the pure part: path in, network and API key out.
+//!
+//! Paths, with `[[networks]]` configured (named networks):
+//! * `/{id}` and `/{id}/{key}`: the network whose id is `{id}` (`/eth`, `/base/KEY`);
+//! * `/evm/{chainId}` and `/evm/{chainId}/{key}`: the network of that decimal chain id;
+//! * `/`: the default network (the only one, or the one marked `default = true`).
+//!
+//! A single implicit network (no `[[networks]]`) keeps the paths it always had: `/` and `/{key}`
+//! (and `/evm/{chainId}` when its entry has a chain id; `sluice serve` gives it none).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_upstream::Upstreams;
+
+use crate::pipeline::Pipeline;
+use crate::{LocalFeeds, StatusBoard};
+
+/// Paths the gateway answers itself; never a network id nor an API key.
+pub const OPERATOR_PATHS: &[&str] = &["health", "ready", "metrics", "status"];
+
+/// Ids a network may not take: the operator paths and `evm` (the chain-id paths).
+pub const RESERVED_IDS: &[&str] = &["health", "ready", "metrics", "status", "evm"];
+
+/// One network as the gateway serves it.
+pub struct Network {
+    /// Its id, the path alias (`eth`); `default` for the implicit single network.
+    pub id: Arc<str>,
+    /// Its chain id, when known.
+    pub chain_id: Option<u64>,
+    /// Its request pipeline (HTTP and WebSocket alike).
+    pub pipeline: Pipeline,
+    /// Where its relayed `eth_subscribe` go: an upstream's `ws://` URL, if it has one.
+    pub subscription_url: Option<String>,
+    /// Deadline for upstream WebSocket connects and calls.
+    pub upstream_timeout: Duration,
+    /// Subscriptions answered locally (its mempool's pending transactions).
+    pub local_feeds: Option<Arc<dyn LocalFeeds>>,
+    /// What `/ready` asks for this network (its upstream pool, below every cache).
+    pub readiness: Arc<dyn Upstreams>,
+    /// Its part of `/status`.
+    pub status: StatusBoard,
+}
+
+/// What the gateway needs to know of a network to find it by path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Its id.
+    pub id: String,
+    /// Its chain id, when known.
+    pub chain_id: Option<u64>,
+}
+
+/// The networks by path: their entries, which one `/` serves, and whether they were named.
+#[derive(Debug, Clone, Default)]
+pub struct Directory {
+    /// The networks, in configuration order.
+    pub entries: Vec<Entry>,
+    /// The one `/` serves.
+    pub default: Option<usize>,
+    /// True with `[[networks]]`; false for the implicit single network (`/{key}` paths).
+    pub named: bool,
+}
+
+/// Where a JSON-RPC path goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// Network `network` (an index into the directory), with the API key the path carries.
+    Rpc {
+        /// The network's index.
+        network: usize,
+        /// The key in the path.
+        key: Option<&'a str>,
+    },
+    /// Not a JSON-RPC path (the operator endpoints).
+    Operator,
+    /// No such network: HTTP 404 with this message.
+    Unknown(String),
+}
+
+/// Finds the network a path names. Pure.
+pub fn resolve<'a>(path: &'a str, directory: &Directory) -> Target<'a> {
+    let Some(rest) = path.strip_prefix('/') else { return Target::Unknown("no such path".into()) };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let mut parts = rest.splitn(3, '/');
+    let first = parts.next().unwrap_or("");
+    let second = parts.next().filter(|s| !s.is_empty());
+    let third = parts.next();
+    match (first, second, third) {
+        ("", None, None) => match directory.default {
+            Some(network) => Target::Rpc { network, key: None },
+            None => Target::Unknown(format!(
+                "several networks are served here and none is the default: use {}",
+                paths_of(directory).join(", ")
+            )),
+        },
+        ("evm", Some(chain), key) => {
+            let key = key.filter(|k| !k.is_empty() && !k.contains('/'));
+            let found = chain
+                .parse::<u64>()
+                .ok()
+                .and_then(|chain| directory.entries.iter().position(|e| e.chain_id == Some(chain)));
+            match found {
+                Some(network) if key.is_some() || third.is_none() => Target::Rpc { network, key },
+                _ => Target::Unknown(unknown(path)),
+            }
+        }
+        (name, _, _) if OPERATOR_PATHS.contains(&name) && second.is_none() => Target::Operator,
+        (name, key, None) => match directory.entries.iter().position(|e| e.id == name) {
+            Some(network) if directory.named => Target::Rpc { network, key },
+            _ if !directory.named && key.is_none() => match directory.default {
+                Some(network) => Target::Rpc { network, key: Some(name) },
+                None => Target::Unknown(unknown(path)),
+            },
+            _ => Target::Unknown(unknown(path)),
+        },
+        _ => Target::Unknown(unknown(path)),
+    }
+}
+
+fn unknown(path: &str) -> String {
+    // The path itself is the caller's own; nothing of the configuration is listed.
+    let shown: String = path.chars().take(80).collect();
+    format!("no network is served at {shown}")
+}
+
+fn paths_of(directory: &Directory) -> Vec<String> {
+    directory
+        .entries
+        .iter()
+        .map(|e| match e.chain_id {
+            Some(chain) => format!("/{} or /evm/{chain}", e.id),
+            None => format!("/{}", e.id),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named() -> Directory {
+        Directory {
+            entries: vec![
+                Entry { id: "eth".into(), chain_id: Some(1) },
+                Entry { id: "base".into(), chain_id: Some(8453) },
+            ],
+            default: None,
+            named: true,
+        }
+    }
+
+    fn single() -> Directory {
+        Directory {
+            entries: vec![Entry { id: "default".into(), chain_id: Some(31337) }],
+            default: Some(0),
+            named: false,
+        }
+    }
+
+    #[test]
+    fn named_networks_by_id_and_by_chain_id() {
+        let d = named();
+        assert_eq!(resolve("/eth", &d), Target::Rpc { network: 0, key: None });
+        assert_eq!(resolve("/base/", &d), Target::Rpc { network: 1, key: None });
+        assert_eq!(resolve("/base/KEY", &d), Target::Rpc { network: 1, key: Some("KEY") });
+        assert_eq!(resolve("/evm/8453", &d), Target::Rpc { network: 1, key: None });
+        assert_eq!(resolve("/evm/1/KEY", &d), Target::Rpc { network: 0, key: Some("KEY") });
+    }
+
+    #[test]
+    fn unknown_networks_and_paths_name_nothing_configured() {
+        let d = named();
+        for path in ["/op", "/evm/10", "/evm/x", "/evm", "/eth/KEY/more", "/KEY", "/evm/1/KEY/x"] {
+            let Target::Unknown(message) = resolve(path, &d) else { panic!("{path} resolved") };
+            assert!(!message.contains("base"), "{path}: {message}");
+        }
+    }
+
+    #[test]
+    fn the_root_is_the_default_network_or_a_list_of_paths() {
+        let mut d = named();
+        let Target::Unknown(message) = resolve("/", &d) else { panic!("no default") };
+        assert!(message.contains("/eth or /evm/1") && message.contains("/base or /evm/8453"), "{message}");
+        d.default = Some(1);
+        assert_eq!(resolve("/", &d), Target::Rpc { network: 1, key: None });
+    }
+
+    #[test]
+    fn operator_paths_are_not_networks() {
+        for path in ["/health", "/ready", "/metrics", "/status"] {
+            assert_eq!(resolve(path, &named()), Target::Operator);
+            assert_eq!(resolve(path, &single()), Target::Operator);
+        }
+    }
+
+    #[test]
+    fn a_single_implicit_network_keeps_keys_in_the_path() {
+        let d = single();
+        assert_eq!(resolve("/", &d), Target::Rpc { network: 0, key: None });
+        assert_eq!(resolve("/KEY", &d), Target::Rpc { network: 0, key: Some("KEY") });
+        assert_eq!(resolve("/evm/31337", &d), Target::Rpc { network: 0, key: None });
+        assert!(matches!(resolve("/KEY/x", &d), Target::Unknown(_)));
+        assert!(matches!(resolve("/evm/1", &d), Target::Unknown(_)));
+    }
+}

@@ -1,0 +1,297 @@
+//! One network's stack, bottom up: its nodes (each checked for the network's chain id) in a
+//! pool, the head watcher, coalescing, the cache, `eth_getLogs` splitting, the mempool with
+//! its journal, and its QUIC ingress. Nothing is shared with another network's stack.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_cache::{CacheLayer, CoalesceLayer, RedisConfig, RedisTier};
+use sluice_gateway::{FeedStream, LocalFeeds, NetworkSpec, StatusBoard};
+use sluice_ingress::{Ingress, IngressConfig, KeyPair};
+use sluice_jsonrpc::{Id, Outcome, Request};
+use sluice_pool::{Mempool, MempoolConfig, MempoolLayer, PoolView};
+use sluice_upstream::logs::{LogsConfig, LogsLayer};
+use sluice_upstream::pool::{MemberConfig, MethodFilter, Pool, PoolConfig};
+use sluice_upstream::{
+    spawn_head_watcher, Answer, HeadConfig, HeadFeed, HttpUpstream, HttpUpstreamConfig, Node, Upstreams,
+};
+
+use crate::networks::NetworkConfig;
+
+/// A network's running parts: what the gateway serves, and what `serve` stops at the end.
+pub struct Stack {
+    /// The network as the gateway takes it.
+    pub spec: NetworkSpec,
+    /// Its mempool, when on.
+    pub mempool: Option<Arc<Mempool>>,
+    /// Its QUIC ingress, when on.
+    pub ingress: Option<Ingress>,
+    /// Its first upstream's HTTP URL (for the start-up line).
+    pub first_url: String,
+    /// Upstreams serving it.
+    pub upstreams: usize,
+}
+
+impl Stack {
+    /// Starts network `net`'s stack.
+    pub async fn start(net: &NetworkConfig) -> anyhow::Result<Stack> {
+        let at = &net.prefix;
+        let (clients, configs) = clients(net)?;
+        let (clients, configs) = check_chain_ids(net, clients, configs).await?;
+        let primary = configs.first().ok_or_else(|| anyhow::anyhow!("{at}upstreams: none configured"))?;
+        let (first_url, ws_url) = primary.endpoints().map_err(anyhow::Error::msg)?;
+        // Every call reaches the nodes through the pool, also with one member: its budgets,
+        // method filters, timeouts and retries always apply.
+        let upstreams = clients.len();
+        let members = clients
+            .into_iter()
+            .zip(&configs)
+            .map(|(client, c)| MemberConfig {
+                client,
+                tier: c.tier,
+                weight: c.weight,
+                filter: MethodFilter { include: c.methods.clone(), exclude: c.exclude_methods.clone() },
+                max_concurrency: c.max_concurrency,
+                max_batch: c.max_batch,
+                rate: c.rate,
+                daily_quota: c.daily_quota,
+            })
+            .collect();
+        let pool_config = PoolConfig::try_from(&net.pool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        let pool = Pool::new(members, pool_config);
+        let mut status = StatusBoard::default();
+        let pool_status = pool.clone();
+        status.add("", Arc::new(move || pool_status.status()));
+        let upstream: Arc<dyn Upstreams> = pool;
+        // One head feed for the cache and the mempool, when either is on.
+        let feed = (net.cache.enabled || net.mempool.enabled).then(|| {
+            let cache = &net.cache;
+            let heads =
+                HeadConfig { window: cache.window, poll_interval: cache.poll_interval, ..HeadConfig::default() };
+            spawn_head_watcher(upstream.clone(), Some(ws_url.clone()), heads)
+        });
+        // The layers, bottom up: pool ← coalescing ← cache ← eth_getLogs splitting ← mempool.
+        let mut layers = upstream.clone();
+        if net.cache.coalesce {
+            layers = Arc::new(CoalesceLayer::new(layers));
+        }
+        if let (true, Some(feed)) = (net.cache.enabled, &feed) {
+            layers = with_cache(net, layers, feed)?;
+        }
+        if let (true, Some(feed)) = (net.logs.enabled, &feed) {
+            // Above the cache, so that finalized chunks are cached one by one.
+            let l = &net.logs;
+            let settings =
+                LogsConfig { max_block_range: l.max_block_range, concurrency: l.concurrency, max_chunks: l.max_chunks };
+            layers = Arc::new(LogsLayer::new(layers, feed.view.clone(), settings));
+        }
+        let mut mempool = None;
+        if let (true, Some(feed)) = (net.mempool.enabled, &feed) {
+            let (layer, pool) = with_mempool(net, upstream.clone(), layers, feed).await?;
+            layers = layer;
+            let counts = pool.clone();
+            status.add(
+                "mempool",
+                Arc::new(move || {
+                    let snapshot = counts.snapshot();
+                    serde_json::json!({ "pending": snapshot.status.pending, "queued": snapshot.status.queued })
+                }),
+            );
+            mempool = Some(pool);
+        }
+        let ingress = match (&net.ingress, &mempool) {
+            (Some(settings), Some(pool)) => Some(start_ingress(net, settings, pool.clone())?),
+            _ => None,
+        };
+        if let Some(ingress) = &ingress {
+            let stats = ingress.stats();
+            status.add("ingress", Arc::new(move || serde_json::to_value(stats.snapshot()).unwrap_or_default()));
+        }
+        let mut spec = NetworkSpec::new(net.id.clone(), layers);
+        // Configured networks are also at /evm/{chainId}; the implicit one keeps its old paths.
+        spec.chain_id = net.chain_id;
+        spec.default = net.default;
+        spec.subscription_url = Some(ws_url);
+        spec.upstream_timeout = primary.timeout;
+        spec.readiness = Some(upstream);
+        spec.status = status;
+        if let Some(mempool) = &mempool {
+            spec.local_feeds = Some(Arc::new(PendingTransactions(mempool.clone())));
+        }
+        Ok(Stack { spec, mempool, ingress, first_url, upstreams })
+    }
+}
+
+/// One HTTP client per configured upstream, with its name.
+fn clients(config: &NetworkConfig) -> anyhow::Result<(Vec<HttpUpstream>, Vec<crate::config::UpstreamConfig>)> {
+    // Trust anchors first: the TLS configuration is built once, by the first client.
+    for ca in config.upstreams.iter().filter_map(|u| u.ca_file.as_deref()) {
+        let n = sluice_upstream::tls::trust_ca_file(ca).map_err(anyhow::Error::msg)?;
+        tracing::info!(file = %ca.display(), certificates = n, "trusting extra CA certificates");
+    }
+    let mut clients = Vec::new();
+    let mut configs = Vec::new();
+    for (i, upstream) in config.upstreams.iter().enumerate() {
+        let (http_url, _) = upstream.endpoints().map_err(anyhow::Error::msg)?;
+        // Names label metrics: unique across networks too.
+        let name = upstream.name.clone().unwrap_or_else(|| match config.prefix.is_empty() {
+            true => format!("upstream-{i}"),
+            false => format!("{}-{i}", config.id),
+        });
+        clients.push(
+            HttpUpstream::new(HttpUpstreamConfig {
+                name: name.clone(),
+                url: http_url,
+                timeout: upstream.timeout,
+                max_response_bytes: upstream.max_response_bytes,
+            })
+            .map_err(anyhow::Error::msg)?,
+        );
+        configs.push(upstream.clone());
+    }
+    Ok((clients, configs))
+}
+
+/// Each upstream's chain id, read at start. With a configured chain id, an upstream on another
+/// chain is refused (loudly) and the others serve; without one (the implicit network), two
+/// upstreams on different chains refuse the start. An unreachable upstream is only warned
+/// about: the pool's circuit keeps it out until it answers. A lone upstream of the implicit
+/// network has nothing to agree with and is not asked. Returns the upstreams kept.
+async fn check_chain_ids(
+    net: &NetworkConfig,
+    clients: Vec<HttpUpstream>,
+    configs: Vec<crate::config::UpstreamConfig>,
+) -> anyhow::Result<(Vec<HttpUpstream>, Vec<crate::config::UpstreamConfig>)> {
+    if net.chain_id.is_none() && clients.len() < 2 {
+        return Ok((clients, configs));
+    }
+    let probe = Request::new(Some(Id::number(1)), "eth_chainId", None);
+    let answers = futures_util::future::join_all(clients.iter().map(|c| {
+        let probe = probe.clone();
+        async move { tokio::time::timeout(Duration::from_secs(5), c.call(&probe)).await }
+    }))
+    .await;
+    let mut chain = net.chain_id;
+    let mut first: Option<String> = None;
+    let (mut kept, mut kept_configs) = (Vec::new(), Vec::new());
+    for ((client, config), answer) in clients.into_iter().zip(configs).zip(answers) {
+        let name = client.name().to_owned();
+        let reported = match answer {
+            Ok(Ok(Answer { outcome: Outcome::Result(raw), .. })) => serde_json::from_str::<String>(raw.get())
+                .ok()
+                .and_then(|hex| u64::from_str_radix(hex.trim_start_matches("0x"), 16).ok()),
+            _ => None,
+        };
+        match (reported, chain) {
+            (None, _) => tracing::warn!(network = %net.id, upstream = %name, "could not read its chain id at start"),
+            (Some(id), Some(expected)) if id != expected => {
+                if net.chain_id.is_some() {
+                    tracing::error!(
+                        network = %net.id, upstream = %name, chain_id = id, expected,
+                        "upstream is on another chain: refused; the network's other upstreams serve"
+                    );
+                    eprintln!("sluice: {}upstreams: {name} is on chain {id}, not {expected}: refused", net.prefix);
+                    continue;
+                }
+                anyhow::bail!(
+                    "upstream {name} is on chain {id}, but {} is on chain {expected}: refusing to mix chains",
+                    first.as_deref().unwrap_or("another")
+                );
+            }
+            (Some(id), _) => {
+                chain = Some(id);
+                first.get_or_insert(name);
+            }
+        }
+        kept.push(client);
+        kept_configs.push(config);
+    }
+    anyhow::ensure!(
+        !kept.is_empty(),
+        "{}upstreams: every upstream is on another chain than {}",
+        net.prefix,
+        net.chain_id.unwrap_or_default()
+    );
+    Ok((kept, kept_configs))
+}
+
+/// Starts the mempool (replaying its journal) and puts its methods in front of `inner`. The
+/// mempool itself reads state and relays through `upstream` directly, not through the cache.
+async fn with_mempool(
+    net: &NetworkConfig,
+    upstream: Arc<dyn Upstreams>,
+    inner: Arc<dyn Upstreams>,
+    feed: &HeadFeed,
+) -> anyhow::Result<(Arc<dyn Upstreams>, Arc<Mempool>)> {
+    let settings = MempoolConfig::try_from(&net.mempool).map_err(anyhow::Error::msg)?;
+    if let Some(dir) = settings.journal.as_deref().and_then(|p| p.parent()).filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mempool = Mempool::start(settings, upstream, feed).await.map_err(anyhow::Error::msg)?;
+    Ok((Arc::new(MempoolLayer::new(inner, mempool.clone())), mempool))
+}
+
+/// Starts the QUIC ingress in front of the mempool, with its key (made on first start).
+fn start_ingress(net: &NetworkConfig, settings: &IngressConfig, mempool: Arc<Mempool>) -> anyhow::Result<Ingress> {
+    let key = KeyPair::load_or_generate(&settings.key)?;
+    let ingress = Ingress::start(settings.clone(), &key, mempool)?;
+    let addr = ingress.local_addr();
+    // One line on stdout, like the HTTP listener's, for people and scripts.
+    let network = if net.prefix.is_empty() { String::new() } else { format!(" for network {}", net.id) };
+    println!("sluice ingress on quic://{addr}{network} (ALPN sluice-tx/1, server identity {})", ingress.identity());
+    tracing::info!(%addr, identity = %ingress.identity(), weights = settings.weights.len(), "QUIC ingress on");
+    Ok(ingress)
+}
+
+/// `eth_subscribe("newPendingTransactions"[, true])` from the mempool: hashes, or full
+/// transactions when asked, as they become executable.
+struct PendingTransactions(Arc<Mempool>);
+
+impl LocalFeeds for PendingTransactions {
+    fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream> {
+        if params.first()?.as_str()? != "newPendingTransactions" {
+            return None;
+        }
+        let full = params.get(1).and_then(serde_json::Value::as_bool).unwrap_or(false);
+        let events = self.0.subscribe_pending();
+        let stream = futures_util::stream::unfold(events, move |mut events| async move {
+            loop {
+                match events.recv().await {
+                    Ok(tx) => {
+                        let value = if full { tx.to_rpc() } else { serde_json::json!(tx.tx.hash) };
+                        let raw = serde_json::value::to_raw_value(&value).ok()?;
+                        return Some((raw, events));
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        // Counted, not silent: this subscriber fell behind the pool's event feed.
+                        metrics::counter!("sluice_pending_subscription_missed_total").increment(missed);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Some(Box::pin(stream))
+    }
+}
+
+/// Wraps the upstream in the cache, fed by the head watcher.
+fn with_cache(
+    net: &NetworkConfig,
+    upstream: Arc<dyn Upstreams>,
+    feed: &HeadFeed,
+) -> anyhow::Result<Arc<dyn Upstreams>> {
+    let cache = &net.cache;
+    let redis = match &cache.redis {
+        Some(r) => Some(
+            RedisTier::new(RedisConfig {
+                url: r.url.clone(),
+                timeout: r.timeout,
+                ttl_immutable: r.ttl_immutable,
+                ttl_head: r.ttl_head,
+            })
+            .map_err(anyhow::Error::msg)?,
+        ),
+        None => None,
+    };
+    Ok(Arc::new(CacheLayer::new(upstream, feed, cache.memory_bytes, redis, cache.coalesce)))
+}
