@@ -5,6 +5,8 @@
 #   * cached eth_blockNumber and eth_getBalance on one network's path;
 #   * the same spread over the four paths in turn (ONE: all on its one path);
 #   * resident memory of each, idle after start, and after the load.
+# Besides req/s (best of ROUNDS), each row gives each sluice's own CPU time per request over all
+# its rounds: the cost of a request, less sensitive than throughput to what else the machine runs.
 # wrk -t1 is the generator; rows alternate ONE and FOUR and keep the best of ROUNDS each.
 #   DURATION=10s ROUNDS=3 bash bench/networks.sh
 source "$(dirname "$0")/lib.sh"
@@ -74,19 +76,27 @@ for p in / /eth1 /eth2 /eth3 /eth4; do
 done
 
 wrk1() { wrk -t1 -c64 -d"$DURATION" --latency -s "$work/$1.lua" "$2" | grep '^RESULT' | cut -d' ' -f2-; }
-row() {  # row LABEL ONE_SCRIPT FOUR_SCRIPT
-  local best_1=0 best_4=0 p50_1="" p50_4="" rps p50
+seconds=${DURATION%s}
+ticks() { awk '{print $14 + $15}' "/proc/$(pid_of "$1")/stat"; }   # CPU time used, in clock ticks
+row() {  # row LABEL ONE_SCRIPT FOUR_SCRIPT: best req/s of ROUNDS; CPU µs per request over all rounds
+  local best_1=0 best_4=0 p50_1="" p50_4="" rps p50 t0 cpu_1=0 cpu_4=0 reqs_1=0 reqs_4=0
+  local hz; hz=$(getconf CLK_TCK)
   for _ in $(seq "$ROUNDS"); do
-    read -r rps p50 _ _ _ < <(wrk1 "$2" "$ONE")
+    t0=$(ticks "$ONE"); read -r rps p50 _ _ _ < <(wrk1 "$2" "$ONE")
+    cpu_1=$((cpu_1 + $(ticks "$ONE") - t0)); reqs_1=$((reqs_1 + rps * seconds))
     if [ "$rps" -gt "$best_1" ]; then best_1=$rps; p50_1=$p50; fi
-    read -r rps p50 _ _ _ < <(wrk1 "$3" "$FOUR")
+    t0=$(ticks "$FOUR"); read -r rps p50 _ _ _ < <(wrk1 "$3" "$FOUR")
+    cpu_4=$((cpu_4 + $(ticks "$FOUR") - t0)); reqs_4=$((reqs_4 + rps * seconds))
     if [ "$rps" -gt "$best_4" ]; then best_4=$rps; p50_4=$p50; fi
   done
-  echo "| $1 | $best_1 | $best_4 | $(python3 -c "print(f'{$best_4/$best_1:.2f}')") | $p50_1 | $p50_4 |"
+  python3 -c "
+import sys
+b1, b4, c1, c4 = $best_1, $best_4, $cpu_1 / $hz * 1e6 / $reqs_1, $cpu_4 / $hz * 1e6 / $reqs_4
+print(f'| {sys.argv[1]} | {b1} | {b4} | {b4 / b1:.2f} | $p50_1 | $p50_4 | {c1:.1f} | {c4:.1f} |')" "$1"
 }
 
-echo "| cached call, c=64 | 1 network req/s | 4 networks req/s | 4 / 1 | 1 network p50 µs | 4 networks p50 µs |"
-echo "|---|---:|---:|---:|---:|---:|"
+echo "| cached call, c=64 | 1 network req/s | 4 networks req/s | 4 / 1 | 1 network p50 µs | 4 networks p50 µs | 1 network CPU µs/req | 4 networks CPU µs/req |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 row "eth_blockNumber, one network's path" one-number four-number-one
 row "eth_getBalance, one network's path" one-balance four-balance-one
 row "eth_blockNumber, spread over the 4 paths" one-number four-number-all
