@@ -48,7 +48,7 @@ url, n, label = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 host, port = url.split("//")[1].split(":")
 def metric(name):
     text = urllib.request.urlopen(url + "/metrics").read().decode()
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
 calls = []
 for block in range(0x30, 0x35):

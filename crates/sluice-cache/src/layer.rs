@@ -18,25 +18,34 @@ use crate::memory::{Entry, MemoryTier};
 use crate::policy::{admit, plan, Cacheable, Plan};
 use crate::redis_tier::RedisTier;
 
-/// Counter handles for the hot path, registered once (on first use, after the recorder is in).
+/// This layer's metric handles, labelled with its network, registered once when it is built.
 struct Counters {
     memory_hits: metrics::Counter,
+    redis_hits: metrics::Counter,
+    misses: metrics::Counter,
+    coalesced: metrics::Counter,
     saved: metrics::Counter,
+    bytes: metrics::Gauge,
 }
 
-fn counters() -> &'static Counters {
-    static COUNTERS: std::sync::OnceLock<Counters> = std::sync::OnceLock::new();
-    COUNTERS.get_or_init(|| Counters {
-        memory_hits: metrics::counter!("sluice_cache_hits_total", "tier" => "memory"),
-        saved: metrics::counter!("sluice_cache_upstream_calls_saved_total"),
-    })
-}
+impl Counters {
+    fn new(network: &str) -> Self {
+        let n = network.to_owned();
+        Self {
+            memory_hits: metrics::counter!("sluice_cache_hits_total", "network" => n.clone(), "tier" => "memory"),
+            redis_hits: metrics::counter!("sluice_cache_hits_total", "network" => n.clone(), "tier" => "redis"),
+            misses: metrics::counter!("sluice_cache_misses_total", "network" => n.clone()),
+            coalesced: metrics::counter!("sluice_cache_coalesced_total", "network" => n.clone()),
+            saved: metrics::counter!("sluice_cache_upstream_calls_saved_total", "network" => n.clone()),
+            bytes: metrics::gauge!("sluice_cache_bytes", "network" => n),
+        }
+    }
 
-/// A hit in the memory tier: counted, and the calls it saved.
-fn memory_hit() {
-    let c = counters();
-    c.memory_hits.increment(1);
-    c.saved.increment(1);
+    /// A hit in the memory tier: counted, and the call it saved.
+    fn memory_hit(&self) {
+        self.memory_hits.increment(1);
+        self.saved.increment(1);
+    }
 }
 
 /// An answer fetched on a miss, shared with coalesced callers.
@@ -47,6 +56,7 @@ struct Fetched {
 }
 
 struct Shared {
+    counters: Counters,
     inner: Arc<dyn Upstreams>,
     view: watch::Receiver<Arc<ChainView>>,
     memory: MemoryTier,
@@ -60,16 +70,20 @@ pub struct CacheLayer {
 }
 
 impl CacheLayer {
-    /// Wraps `inner`; follows `feed` to resolve blocks and to evict on reorgs. `coalesce: false`
-    /// lets every miss go upstream (for comparison benchmarks).
+    /// Wraps `inner` for the network `network` (its metrics label); follows `feed` to resolve
+    /// blocks and to evict on reorgs. `coalesce: false` lets every miss go upstream (for
+    /// comparison benchmarks).
     pub fn new(
+        network: &str,
         inner: Arc<dyn Upstreams>,
         feed: &HeadFeed,
         memory_bytes: u64,
         redis: Option<RedisTier>,
         coalesce: bool,
     ) -> Self {
-        let shared = Arc::new(Shared { inner, view: feed.view.clone(), memory: MemoryTier::new(memory_bytes), redis });
+        let memory = MemoryTier::new(memory_bytes);
+        let counters = Counters::new(network);
+        let shared = Arc::new(Shared { counters, inner, view: feed.view.clone(), memory, redis });
         let weak = Arc::downgrade(&shared);
         let mut events = feed.events.subscribe();
         tokio::spawn(async move {
@@ -79,7 +93,7 @@ impl CacheLayer {
                     event = events.recv() => event,
                     _ = gauge.tick() => {
                         let Some(shared) = weak.upgrade() else { return };
-                        metrics::gauge!("sluice_cache_bytes").set(shared.memory.weighted_size() as f64);
+                        shared.counters.bytes.set(shared.memory.weighted_size() as f64);
                         continue;
                     }
                 };
@@ -98,7 +112,7 @@ impl CacheLayer {
 
     async fn cached(&self, call: &Call, plan: Cacheable) -> Result<Answer, UpstreamError> {
         if let Some(entry) = self.shared.memory.get(&plan.key) {
-            memory_hit();
+            self.shared.counters.memory_hit();
             return Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory });
         }
         let (shared, request, key) = (self.shared.clone(), call.clone(), plan.key.clone());
@@ -107,8 +121,8 @@ impl CacheLayer {
             None => (Some(fetch(shared, request, plan).await), true),
         };
         if !leader {
-            metrics::counter!("sluice_cache_coalesced_total").increment(1);
-            metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
+            self.shared.counters.coalesced.increment(1);
+            self.shared.counters.saved.increment(1);
         }
         match fetched {
             Some(Ok(Fetched { outcome, source })) => {
@@ -125,7 +139,7 @@ async fn fetch(shared: Arc<Shared>, call: Call, plan: Cacheable) -> Result<Fetch
     if let Some(hit) = from_redis(&shared, &plan).await {
         return Ok(hit);
     }
-    metrics::counter!("sluice_cache_misses_total").increment(1);
+    shared.counters.misses.increment(1);
     let answer = shared.inner.call(&forwarded(&call, &plan)?).await?;
     store(&shared, plan, &answer.outcome);
     Ok(Fetched { outcome: answer.outcome, source: Source::Upstream })
@@ -137,8 +151,8 @@ async fn from_redis(shared: &Shared, plan: &Cacheable) -> Option<Fetched> {
     let (Some(redis), Some(chain_id)) = (&shared.redis, chain_id) else { return None };
     let (result, max_block) = redis.get(chain_id, &plan.key).await?;
     let result: sluice_jsonrpc::SharedRaw = result.into();
-    metrics::counter!("sluice_cache_hits_total", "tier" => "redis").increment(1);
-    metrics::counter!("sluice_cache_upstream_calls_saved_total").increment(1);
+    shared.counters.redis_hits.increment(1);
+    shared.counters.saved.increment(1);
     shared.memory.insert(plan.key.clone(), Entry { result: result.clone(), max_block });
     Some(Fetched { outcome: Outcome::Result(result), source: Source::Redis })
 }
@@ -197,7 +211,7 @@ impl Upstreams for CacheLayer {
                 Plan::Local(value) => results[i] = Some(Ok(local(value))),
                 Plan::Cache(plan) => match self.shared.memory.get(&plan.key) {
                     Some(entry) => {
-                        memory_hit();
+                        self.shared.counters.memory_hit();
                         results[i] =
                             Some(Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory }));
                     }
@@ -215,7 +229,7 @@ impl Upstreams for CacheLayer {
             match hit {
                 Some(Fetched { outcome, source }) => results[i] = Some(Ok(Answer { outcome, source })),
                 None => {
-                    metrics::counter!("sluice_cache_misses_total").increment(1);
+                    shared.counters.misses.increment(1);
                     down.push((i, Some(plan)));
                 }
             }

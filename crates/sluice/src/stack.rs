@@ -293,5 +293,5 @@ fn with_cache(
         ),
         None => None,
     };
-    Ok(Arc::new(CacheLayer::new(upstream, feed, cache.memory_bytes, redis, cache.coalesce)))
+    Ok(Arc::new(CacheLayer::new(&net.id, upstream, feed, cache.memory_bytes, redis, cache.coalesce)))
 }

@@ -262,7 +262,7 @@ async fn the_memory_bound_holds_under_large_answers() {
         assert_eq!(answer["result"].as_str().unwrap().len(), 2 + 2 * size as usize);
     }
     tokio::time::sleep(Duration::from_millis(1500)).await; // the gauge is refreshed every second
-    let bytes = metric(&client, &sluice.http_url(), "sluice_cache_bytes ").await.expect("gauge");
+    let bytes = metric(&client, &sluice.http_url(), "sluice_cache_bytes{network=\"default\"} ").await.expect("gauge");
     assert!(bytes > 0.0 && bytes <= limit as f64, "{bytes} bytes cached, limit {limit}");
     let evicted = metric(&client, &sluice.http_url(), r#"sluice_cache_evictions_total{cause="size"} "#).await;
     assert!(evicted > Some(0.0), "{evicted:?}");

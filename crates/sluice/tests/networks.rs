@@ -112,6 +112,13 @@ async fn each_network_answers_as_its_own_node_and_the_cache_never_mixes_them() {
         }
     }
     assert!(redis.dbsize() > 0, "the Redis tier was used");
+    for (id, _, _) in paths {
+        let series = format!("sluice_cache_hits_total{{network=\"{id}\",tier=\"memory\"}} ");
+        let hits = sluice_testkit::metric(&client, &base, &series).await.unwrap_or(0.0);
+        assert!(hits > 0.0, "{id}'s own cache answered the second round");
+        let series = format!("sluice_requests_total{{network=\"{id}\",method=\"eth_chainId\",outcome=\"ok\"}} ");
+        assert_eq!(sluice_testkit::metric(&client, &base, &series).await, Some(4.0), "{id}: 2 rounds × 2 paths");
+    }
     // `/` has no default here: an error naming the paths; an unknown network is 404.
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}).to_string();
     let (status, root) = post(&client, &base, body.clone()).await;
