@@ -385,3 +385,49 @@ async fn sluice_dev_with_networks_serves_one_anvil_per_chain() {
     dev.terminate();
     assert!(dev.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()), "exits after stopping its anvils");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_networks_own_quic_ingress_feeds_only_its_pool() {
+    let a = Anvil::spawn_with(&["--chain-id", "31337", "--no-mining"]);
+    let b = Anvil::spawn_with(&["--chain-id", "31338", "--no-mining"]);
+    let client = reqwest::Client::new();
+    let dir = tempfile::tempdir().unwrap();
+    let quic = format!("127.0.0.1:{}", free_udp_port());
+    let file = config(dir.path(), "", &[a.http_url()], &[b.http_url()]);
+    let ingress =
+        format!("[networks.ingress]\nlisten = \"{quic}\"\nkey = \"{}\"\n", dir.path().join("q.key").display());
+    std::fs::write(&file, std::fs::read_to_string(&file).unwrap() + &ingress).unwrap();
+    let sluice = serve(&file, &dir.path().join("pool.journal"));
+    assert!(
+        sluice.preamble.iter().any(|l| l.contains(&format!("quic://{quic} for network base"))),
+        "{:?}",
+        sluice.preamble
+    );
+    let (eth, base) = (format!("{}/eth", sluice.http_url()), format!("{}/base", sluice.http_url()));
+    let send = |raw: &str| {
+        let mut child = std::process::Command::new(BIN)
+            .args(["send", "--quic", &quic, "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("sluice send runs");
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), format!("{raw}\n").as_bytes()).unwrap();
+        child.wait_with_output().expect("sluice send ends")
+    };
+    // Signed for base: taken into base's pool, not eth's.
+    let out = send(&signed_transfer(&base));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let hash = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let pending = |url: &str| {
+        let (client, url) = (client.clone(), url.to_owned());
+        async move { rpc_result(&client, &url, "txpool_content", json!([])).await["pending"].to_string() }
+    };
+    assert!(pending(&base).await.contains(&hash), "{hash} in base's pool");
+    assert!(!pending(&eth).await.contains(&hash));
+    // Signed for eth: base's ingress refuses it.
+    let out = send(&signed_transfer(&eth));
+    assert!(!out.status.success(), "refused: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("chain"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(rpc_result(&client, &eth, "txpool_status", json!([])).await["pending"], "0x0");
+}
