@@ -189,7 +189,8 @@ impl Mempool {
         )
         .await;
         let back = results.iter().filter(|r| r.is_ok()).count();
-        metrics::counter!("sluice_mempool_reinjected_total").increment(back as u64);
+        metrics::counter!("sluice_mempool_reinjected_total", "network" => self.config.network.clone())
+            .increment(back as u64);
         tracing::info!(dropped = count, back_in_pool = back, "reorg: re-validated the dropped blocks' transactions");
     }
 }

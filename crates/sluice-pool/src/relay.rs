@@ -101,9 +101,14 @@ async fn send(mempool: &Mempool, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<
                     Outcome::Error(raw) => verdict(raw),
                 };
                 match verdict {
-                    Verdict::Keep => metrics::counter!("sluice_mempool_relayed_total", "kind" => kind).increment(1),
+                    Verdict::Keep => {
+                        let network = mempool.config.network.clone();
+                        metrics::counter!("sluice_mempool_relayed_total", "network" => network, "kind" => kind)
+                            .increment(1)
+                    }
                     Verdict::Reject(reason) => {
-                        metrics::counter!("sluice_mempool_relay_rejected_total").increment(1);
+                        metrics::counter!("sluice_mempool_relay_rejected_total", "network" => mempool.config.network.clone())
+                            .increment(1);
                         tracing::warn!(%hash, %reason, "the upstream refused a pooled transaction; removed");
                         let _ = mempool.commands.send(Command::Reject { hash, reason });
                     }
@@ -111,7 +116,9 @@ async fn send(mempool: &Mempool, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<
             }
             Err(e) => {
                 // Kept: the rebroadcast timer tries again.
-                metrics::counter!("sluice_mempool_relay_failures_total", "reason" => e.kind()).increment(1);
+                let network = mempool.config.network.clone();
+                metrics::counter!("sluice_mempool_relay_failures_total", "network" => network, "reason" => e.kind())
+                    .increment(1);
                 tracing::debug!(%hash, error = %e, "relay failed; will retry");
             }
         }

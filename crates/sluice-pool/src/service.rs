@@ -50,6 +50,8 @@ pub struct MempoolConfig {
     pub verify_nice: i32,
     /// How many departed transactions' statuses are remembered.
     pub status_capacity: u64,
+    /// The id of the network this pool is for: the `network` label of its metrics.
+    pub network: String,
 }
 
 impl Default for MempoolConfig {
@@ -68,6 +70,7 @@ impl Default for MempoolConfig {
             verify_queue: 8_192,
             verify_nice: 10,
             status_capacity: 1 << 20,
+            network: sluice_upstream::DEFAULT_NETWORK.into(),
         }
     }
 }
@@ -163,6 +166,7 @@ impl Mempool {
         let (pending_events, _) = broadcast::channel(16_384);
         let pool = Pool::new(config.pool.clone());
         let writer = Writer {
+            network: config.network.clone(),
             pool,
             journal,
             snapshot: snapshot.clone(),
@@ -270,7 +274,8 @@ impl Mempool {
         let _ = self.commands.send(Command::Compact(tx));
         let _ = rx.await;
         tracing::info!(journaled = total, kept, "mempool journal replayed");
-        metrics::counter!("sluice_mempool_replayed_total").increment(kept as u64);
+        metrics::counter!("sluice_mempool_replayed_total", "network" => self.config.network.clone())
+            .increment(kept as u64);
     }
 
     /// Subscribes to transactions as they become executable (`newPendingTransactions`).
@@ -314,11 +319,15 @@ impl Mempool {
         let (tx, envelope) = match self.verifier.verify(raw.clone(), rules).await {
             Ok(decoded) => decoded,
             Err(VerifyError::Invalid(e)) => {
-                metrics::counter!("sluice_mempool_refused_total", "reason" => e.label()).increment(1);
+                let network = self.config.network.clone();
+                metrics::counter!("sluice_mempool_refused_total", "network" => network, "reason" => e.label())
+                    .increment(1);
                 return Err(e.into());
             }
             Err(VerifyError::Busy) => {
-                metrics::counter!("sluice_mempool_refused_total", "reason" => "busy").increment(1);
+                let network = self.config.network.clone();
+                metrics::counter!("sluice_mempool_refused_total", "network" => network, "reason" => "busy")
+                    .increment(1);
                 return Err(SubmitError::Busy);
             }
             Err(VerifyError::Stopped) => return Err(SubmitError::Unavailable("the mempool is stopping".into())),

@@ -60,6 +60,8 @@ pub(crate) enum Command {
 
 /// Everything the writer thread owns or publishes to.
 pub(crate) struct Writer {
+    /// The network's id, for the metrics' `network` label.
+    pub network: String,
     pub pool: Pool,
     pub journal: Option<Journal>,
     pub snapshot: Arc<ArcSwap<Snapshot>>,
@@ -210,7 +212,7 @@ impl Writer {
                     }
                     self.forget(&done.evicted, TxStatus::Evicted);
                     self.forget(&done.mined, TxStatus::Mined { block: None });
-                    metrics::counter!("sluice_mempool_accepted_total").increment(1);
+                    metrics::counter!("sluice_mempool_accepted_total", "network" => self.network.clone()).increment(1);
                     if s.journal {
                         to_journal.push(s.pooled.clone());
                         if let Some(reply) = s.reply {
@@ -221,7 +223,9 @@ impl Writer {
                     Ok(hash)
                 }
                 Err(e) => {
-                    metrics::counter!("sluice_mempool_refused_total", "reason" => e.label()).increment(1);
+                    let network = self.network.clone();
+                    metrics::counter!("sluice_mempool_refused_total", "network" => network, "reason" => e.label())
+                        .increment(1);
                     Err(e)
                 }
             };
@@ -244,7 +248,8 @@ impl Writer {
             Err(e) => {
                 // Not durable, so not accepted: take them out again and say why.
                 tracing::error!(error = %e, "mempool journal write failed; refusing the batch");
-                metrics::counter!("sluice_mempool_journal_errors_total").increment(1);
+                metrics::counter!("sluice_mempool_journal_errors_total", "network" => self.network.clone())
+                    .increment(1);
                 for p in &to_journal {
                     self.pool.remove(&p.tx.hash);
                     self.txs.remove(&p.tx.hash);
@@ -263,7 +268,9 @@ impl Writer {
             if let Some(p) = self.txs.remove(hash) {
                 self.dirty.insert(p.tx.sender);
                 self.index.push(IndexChange::Remove(*hash));
-                metrics::counter!("sluice_mempool_removed_total", "why" => status.label()).increment(1);
+                let network = self.network.clone();
+                metrics::counter!("sluice_mempool_removed_total", "network" => network, "why" => status.label())
+                    .increment(1);
                 self.statuses.record(*hash, status.clone());
             }
         }
@@ -311,8 +318,8 @@ impl Writer {
         }
         next.status = self.pool.status();
         next.base_fee = self.pool.base_fee();
-        metrics::gauge!("sluice_mempool_pending").set(next.status.pending as f64);
-        metrics::gauge!("sluice_mempool_queued").set(next.status.queued as f64);
+        metrics::gauge!("sluice_mempool_pending", "network" => self.network.clone()).set(next.status.pending as f64);
+        metrics::gauge!("sluice_mempool_queued", "network" => self.network.clone()).set(next.status.queued as f64);
         self.snapshot.store(Arc::new(next));
         for p in newly_pending {
             let _ = self.relay.send(p.clone());

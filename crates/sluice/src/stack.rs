@@ -223,7 +223,8 @@ async fn with_mempool(
     inner: Arc<dyn Upstreams>,
     feed: &HeadFeed,
 ) -> anyhow::Result<(Arc<dyn Upstreams>, Arc<Mempool>)> {
-    let settings = MempoolConfig::try_from(&net.mempool).map_err(anyhow::Error::msg)?;
+    let mut settings = MempoolConfig::try_from(&net.mempool).map_err(anyhow::Error::msg)?;
+    settings.network = net.id.clone();
     if let Some(dir) = settings.journal.as_deref().and_then(|p| p.parent()).filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
     }

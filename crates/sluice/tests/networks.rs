@@ -164,6 +164,12 @@ async fn a_transaction_sent_to_one_network_never_reaches_the_other() {
         async move { rpc_result(&client, &url, "txpool_content", json!([])).await["pending"].to_string() }
     };
     assert!(pending(base.clone()).await.contains(&hash), "in base's pool");
+    let accepted = |id: &str| {
+        let series = format!("sluice_mempool_accepted_total{{network=\"{id}\"}} ");
+        let (client, url) = (client.clone(), sluice.http_url());
+        async move { sluice_testkit::metric(&client, &url, &series).await }
+    };
+    assert_eq!((accepted("base").await, accepted("eth").await), (Some(1.0), None), "counted on base only");
     assert!(!pending(eth.clone()).await.contains(&hash), "not in eth's pool");
     eventually(Duration::from_secs(5), "relayed to base's anvil", || async {
         rpc_result(&client, &b.http_url(), "txpool_status", json!([])).await["pending"] == "0x1"
