@@ -229,7 +229,7 @@ pub struct PoolSection {
 }
 
 impl PoolSection {
-    fn hedge_after(&self) -> Result<sluice_upstream::pool::HedgeAfter, String> {
+    pub(crate) fn hedge_after(&self) -> Result<sluice_upstream::pool::HedgeAfter, String> {
         use sluice_upstream::pool::HedgeAfter;
         match self.hedge.as_str() {
             "off" => Ok(HedgeAfter::Off),
@@ -240,7 +240,7 @@ impl PoolSection {
         }
     }
 
-    fn method_timeouts(&self) -> Result<Vec<(String, Duration)>, String> {
+    pub(crate) fn method_timeouts(&self) -> Result<Vec<(String, Duration)>, String> {
         self.method_timeouts
             .iter()
             .map(|(method, t)| {
@@ -623,64 +623,6 @@ impl Config {
             .map_err(|e| anyhow::anyhow!("methods.deny: {e}"))?;
         sluice_gateway::policy::MethodPolicy::validate(&self.methods.allow)
             .map_err(|e| anyhow::anyhow!("methods.allow: {e}"))?;
-        Ok(())
-    }
-}
-
-impl NetworkConfig {
-    /// Checks one network's upstreams and sections; every error names the network's key
-    /// (`networks[eth].pool.max_batch`, or `pool.max_batch` for the implicit network).
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let at = &self.prefix;
-        if self.upstreams.is_empty() {
-            match at.is_empty() {
-                true => anyhow::bail!("no upstream: give --upstream URL, SLUICE_UPSTREAM or [[upstreams]] in the file"),
-                false => anyhow::bail!("{at}upstreams: none: give the network [[networks.upstreams]]"),
-            }
-        }
-        for (i, upstream) in self.upstreams.iter().enumerate() {
-            upstream.endpoints().map_err(|e| anyhow::anyhow!("{at}upstreams[{i}].url: {e}"))?;
-            anyhow::ensure!(!upstream.timeout.is_zero(), "{at}upstreams[{i}].timeout: must be more than zero");
-            anyhow::ensure!(upstream.weight > 0, "{at}upstreams[{i}].weight: must be more than zero");
-            anyhow::ensure!(upstream.rate.is_none_or(|r| r > 0.0), "{at}upstreams[{i}].rate: must be more than zero");
-            anyhow::ensure!(upstream.max_batch != Some(0), "{at}upstreams[{i}].max_batch: must be more than zero");
-            anyhow::ensure!(
-                upstream.max_concurrency != Some(0),
-                "{at}upstreams[{i}].max_concurrency: must be more than zero"
-            );
-            if let Some(ca) = &upstream.ca_file {
-                anyhow::ensure!(ca.is_file(), "{at}upstreams[{i}].ca_file: {} not found", ca.display());
-            }
-        }
-        if let Some(ingress) = &self.ingress {
-            ingress.validate().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
-            anyhow::ensure!(self.mempool.enabled, "{at}ingress: needs the mempool ([mempool] enabled = true)");
-        }
-        let p = &self.pool;
-        anyhow::ensure!(p.max_attempts > 0, "{at}pool.max_attempts: must be more than zero");
-        anyhow::ensure!(p.max_batch > 0, "{at}pool.max_batch: must be more than zero");
-        anyhow::ensure!(!p.deadline.is_zero(), "{at}pool.deadline: must be more than zero");
-        anyhow::ensure!(!p.probe_interval.is_zero(), "{at}pool.probe_interval: must be more than zero");
-        p.hedge_after().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
-        p.method_timeouts().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
-        anyhow::ensure!((0.0..=1.0).contains(&p.hedge_max_extra), "{at}pool.hedge_max_extra: must be between 0 and 1");
-        sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
-        let l = &self.logs;
-        anyhow::ensure!(l.max_block_range > 0, "{at}logs.max_block_range: must be more than zero");
-        anyhow::ensure!(l.concurrency > 0, "{at}logs.concurrency: must be more than zero");
-        anyhow::ensure!(l.max_chunks > 0, "{at}logs.max_chunks: must be more than zero");
-        let m = &self.mempool;
-        anyhow::ensure!(m.max_tx_bytes > 0, "{at}mempool.max_tx_bytes: must be more than zero");
-        anyhow::ensure!(!m.rebroadcast_interval.is_zero(), "{at}mempool.rebroadcast_interval: must be more than zero");
-        let c = &self.cache;
-        anyhow::ensure!(c.memory_bytes > 0, "{at}cache.memory_bytes: must be more than zero");
-        anyhow::ensure!(c.window >= 2, "{at}cache.window: must be at least 2");
-        anyhow::ensure!(!c.poll_interval.is_zero(), "{at}cache.poll_interval: must be more than zero");
-        if let Some(redis) = &c.redis {
-            let url = url::Url::parse(&redis.url).map_err(|e| anyhow::anyhow!("{at}cache.redis.url: {e}"))?;
-            anyhow::ensure!(url.scheme() == "redis", "{at}cache.redis.url: must be a redis:// URL");
-            anyhow::ensure!(!redis.timeout.is_zero(), "{at}cache.redis.timeout: must be more than zero");
-        }
         Ok(())
     }
 }
