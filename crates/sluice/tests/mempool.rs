@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use alloy_primitives::Address;
 use common::ws::{next, subscribe};
-use common::{fund, wait_receipt, BIN, DEV_KEY};
+use common::{eventually, fund, wait_receipt, BIN, DEV_KEY};
 use serde_json::{json, Value};
 use sluice_bench::txgen::{Fees, SignedTx, Wallet};
 use sluice_testkit::{foundry_tool, rpc, rpc_result, Anvil, Sluice};
@@ -36,19 +36,6 @@ async fn send(client: &reqwest::Client, url: &str, tx: &SignedTx) -> Value {
 async fn pool_status(client: &reqwest::Client, url: &str, hash: &str) -> String {
     let status = rpc_result(client, url, "sluice_getTransactionStatus", json!([hash])).await;
     status["status"].as_str().unwrap_or_default().to_owned()
-}
-
-/// Polls `check` every 50 ms until it holds, for at most `within`.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,9 +4,9 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{ws, BIN, DEV_ACCOUNT, DEV_KEY};
+use common::{eventually, ws, BIN, DEV_ACCOUNT, DEV_KEY};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use sluice_testkit::{foundry_tool, post, rpc, rpc_result, Anvil, RedisServer, Sluice};
@@ -37,18 +37,6 @@ fn config(dir: &Path, extra: &str, a: &[String], b: &[String]) -> std::path::Pat
 fn serve(file: &Path, journal: &Path) -> Sluice {
     let args = ["serve", "--listen", "127.0.0.1:0", "--config", file.to_str().expect("a path")];
     Sluice::spawn_env(BIN, &args, &[("SLUICE_MEMPOOL__JOURNAL", journal.to_str().expect("a path"))])
-}
-
-async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The calls compared per network: chain, heads, blocks by number and tag, state, errors.

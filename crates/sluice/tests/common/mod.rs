@@ -157,3 +157,16 @@ pub mod ws {
 pub async fn fund(client: &reqwest::Client, anvil: &Anvil, address: impl std::fmt::Display, wei: &str) {
     rpc_result(client, &anvil.http_url(), "anvil_setBalance", json!([address.to_string(), wei])).await;
 }
+
+/// Polls `check` every 20 ms until it holds, for at most `within` (waits for a condition, not a time).
+pub async fn eventually<F, Fut>(within: std::time::Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + within;
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
