@@ -1,139 +1,76 @@
 //! Who may call sluice, and how much.
 //!
-//! * Callers present an API key (`Authorization: Bearer`, `x-api-key`, or the URL path `/KEY`);
-//!   each key has a tier, and callers without one get the anonymous tier or are refused.
+//! * Callers present an API key (`Authorization: Bearer`, `x-api-key`, or the URL path `/KEY`)
+//!   or a JSON Web Token ([`jwt`]); each key or token has a tier, and callers without one get
+//!   the anonymous tier or are refused. Keys come from the configuration file and from the
+//!   admin API ([`manage`]), kept in Redis or a file ([`store`]) and looked up in a book that
+//!   readers never wait for ([`keys`]).
+//! * Client addresses are checked against CIDR rules globally, per tier and per key ([`ip`]);
+//!   a key or token may be limited to networks, methods and contracts ([`scope`]).
 //! * Per tier: requests per second (GCRA, [`gcra`]) and per UTC day, with optional per-method
 //!   weights ("compute units"), and method allow/deny lists.
 //! * Quotas live in memory, or in Redis so that every replica shares them (one Lua script per
 //!   request: GCRA and the daily count, atomically). Redis down: fail open or closed, counted
-//!   and logged once.
+//!   and logged once. Usage is tallied per caller, day and method ([`usage`]).
 //!
-//! The decisions ([`gcra::check`], [`Tier::cost`], [`day_of`]) are pure.
+//! The decisions ([`gcra::check`], [`Tier::cost`], [`day_of`], [`ip::client_ip`],
+//! [`scope::Scope::admit_call`]) are pure.
 
+mod config;
 pub mod gcra;
+pub mod ip;
+pub mod jwt;
+pub mod keys;
+pub mod manage;
 mod redis_limiter;
+pub mod scope;
+pub mod store;
+pub mod usage;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
+pub use config::{AccessConfig, AdminConfig, KeyEntry, KeySpec, Tier};
 pub use redis_limiter::RedisLimiter;
 
-/// One tier's limits.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Tier {
-    /// Compute units per second (a call costs 1 unless `costs` says otherwise); none: unlimited.
-    pub per_second: Option<f64>,
-    /// Units that may arrive at once (default: one second's worth).
-    pub burst: Option<u32>,
-    /// Compute units per UTC day; none: unlimited.
-    pub per_day: Option<u64>,
-    /// Cost of a method (`prefix*` patterns allowed), e.g. { "eth_getLogs" = 10 }.
-    pub costs: HashMap<String, u32>,
-    /// Methods this tier may not call (added to the global policy's deny list).
-    pub deny: Vec<String>,
-    /// Methods this tier may call even when denied (globally or here).
-    pub allow: Vec<String>,
-    /// Load-shedding priority, 0 (highest, the default) to 9: under overload, a tier of
-    /// priority p is refused once the gateway holds (10 − p)/10 of its in-flight capacity.
-    pub priority: u8,
-    /// WebSocket connections one key may hold open at once (per replica); none: unlimited.
-    pub max_connections: Option<u32>,
-    /// Subscriptions one key may hold across its connections (per replica); none: unlimited.
-    pub max_subscriptions: Option<u32>,
-    /// Networks (by id) this tier may use; empty: every network.
-    pub networks: Vec<String>,
-}
-
-impl Tier {
-    /// True when this tier may use the network with this id.
-    pub fn serves(&self, network: &str) -> bool {
-        self.networks.is_empty() || self.networks.iter().any(|n| n == network)
-    }
-
-    /// What a request of these methods costs.
-    pub fn cost<'a>(&self, methods: impl IntoIterator<Item = &'a str>) -> u32 {
-        methods
-            .into_iter()
-            .map(|m| {
-                let exact = self.costs.get(m).copied();
-                let prefix = || {
-                    self.costs
-                        .iter()
-                        .filter(|(p, _)| p.strip_suffix('*').is_some_and(|prefix| m.starts_with(prefix)))
-                        .map(|(_, c)| *c)
-                        .max()
-                };
-                exact.or_else(prefix).unwrap_or(1)
-            })
-            .fold(0u32, u32::saturating_add)
-    }
-
-    fn rate(&self) -> Option<gcra::Rate> {
-        let per_second = self.per_second?;
-        let burst = self.burst.unwrap_or_else(|| per_second.ceil().max(1.0) as u32);
-        Some(gcra::Rate { per_second, burst })
-    }
-}
-
-/// What the access section of the configuration holds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AccessConfig {
-    /// API key → tier name.
-    pub keys: HashMap<String, String>,
-    /// Tier name → limits.
-    pub tiers: HashMap<String, Tier>,
-    /// The tier of callers without a key; none: they are refused (401).
-    pub anonymous: Option<String>,
-    /// Share quotas through Redis (`redis://…`); none: in memory, per replica.
-    pub redis_url: Option<String>,
-    /// With Redis unreachable, let requests through (true) or refuse them (false).
-    pub fail_open: bool,
-}
-
-impl AccessConfig {
-    /// Every key and the anonymous tier name an existing tier.
-    pub fn validate(&self) -> Result<(), String> {
-        for (key, tier) in &self.keys {
-            if !self.tiers.contains_key(tier) {
-                return Err(format!("access.keys: key {}… names tier {tier:?}, which is not defined", prefix(key)));
-            }
-        }
-        if let Some(tier) = &self.anonymous {
-            if !self.tiers.contains_key(tier) {
-                return Err(format!("access.anonymous: tier {tier:?} is not defined"));
-            }
-        }
-        for (name, tier) in &self.tiers {
-            if tier.per_second.is_some_and(|r| r <= 0.0 || !r.is_finite()) {
-                return Err(format!("access.tiers.{name}.per_second: must be more than zero"));
-            }
-        }
-        Ok(())
-    }
-}
-
-fn prefix(key: &str) -> &str {
-    key.get(..4).unwrap_or(key)
-}
+use ip::IpRules;
+use keys::KeyBook;
+use scope::Scope;
+use store::KeyStore;
+use usage::Usage;
 
 /// An identified caller.
 #[derive(Debug, Clone)]
 pub struct Caller {
-    /// The quota bucket: the key, or `anonymous`.
+    /// The quota and usage bucket: the key's id, `jwt:<subject>`, or `anonymous`.
     pub id: String,
     /// Its tier's name.
     pub tier: String,
+    /// What its key or token limits it to.
+    pub scope: Arc<Scope>,
+    /// The key's id, for keys (checked again when keys change).
+    pub key_id: Option<String>,
+    /// When its token runs out, Unix milliseconds (tokens only).
+    pub expires_ms: Option<u64>,
+    /// Where it called from.
+    pub client_ip: Option<IpAddr>,
+}
+
+/// What a request presents.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Credentials<'a> {
+    /// The API key or bearer token, if any.
+    pub key: Option<&'a str>,
+    /// The client's address (see [`Access::client_ip`]); none for in-process callers.
+    pub client_ip: Option<IpAddr>,
 }
 
 /// Why a request is refused.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refusal {
-    /// No key, or an unknown key, and no anonymous tier: HTTP 401.
+    /// No key, an unknown or revoked key, or a bad token, and no anonymous tier: HTTP 401.
     Unauthorized(String),
     /// Over a quota: HTTP 429 with `Retry-After`, JSON-RPC -32005.
     OverQuota {
@@ -144,7 +81,7 @@ pub enum Refusal {
     },
     /// The shared quota store is unreachable and the configuration says fail closed: 503.
     Unavailable,
-    /// The caller's tier may not use this network: HTTP 403.
+    /// The caller may not use this network, or not from this address: HTTP 403.
     Forbidden(String),
 }
 
@@ -167,14 +104,23 @@ pub fn day_of(now_ms: u64) -> (u64, Duration) {
     (now_ms / day_ms, Duration::from_millis(day_ms - now_ms % day_ms))
 }
 
-fn now_ms() -> u64 {
+/// Now, Unix milliseconds.
+pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Keys, tiers and the quota store.
+/// Keys, tokens, tiers, address rules, the quota store and usage.
 pub struct Access {
     config: AccessConfig,
     store: Store,
+    jwt: Option<jwt::Jwt>,
+    book: Arc<KeyBook>,
+    keys: Arc<KeyStore>,
+    usage: Arc<Usage>,
+    ips: IpRules,
+    tier_ips: HashMap<String, IpRules>,
+    /// Serialises key changes made through this process (the file store writes whole).
+    writes: tokio::sync::Mutex<()>,
 }
 
 enum Store {
@@ -190,28 +136,141 @@ struct Bucket {
 }
 
 impl Access {
-    /// Builds the access control from its configuration.
+    /// Builds the access control from its configuration. Managed keys are read by
+    /// [`Access::start`].
     pub fn new(config: AccessConfig) -> Result<Self, String> {
         config.validate()?;
         let store = match &config.redis_url {
             Some(url) => Store::Redis(RedisLimiter::new(url, config.fail_open)?),
             None => Store::Memory(Mutex::new(HashMap::new())),
         };
-        Ok(Self { config, store })
+        let jwt = config.jwt.as_ref().map(jwt::Jwt::new).transpose()?;
+        let book = Arc::new(KeyBook::new(config.keys.iter().map(|(k, e)| (k.clone(), e.spec())))?);
+        let keys = match (&config.redis_url, &config.admin) {
+            (Some(url), _) => KeyStore::Redis(store::RedisKeys::new(url)?),
+            (None, Some(admin)) => KeyStore::File(admin.keys_file.clone().unwrap_or_else(|| "sluice-keys.json".into())),
+            (None, None) => KeyStore::Memory,
+        };
+        let usage = Arc::new(Usage::new(config.redis_url.as_deref())?);
+        let ips = IpRules::new(&config.allow_ips, &config.deny_ips);
+        let tier_ips = config.tiers.iter().map(|(n, t)| (n.clone(), IpRules::new(&t.allow_ips, &t.deny_ips))).collect();
+        Ok(Self {
+            config,
+            store,
+            jwt,
+            book,
+            keys: Arc::new(keys),
+            usage,
+            ips,
+            tier_ips,
+            writes: tokio::sync::Mutex::new(()),
+        })
     }
 
-    /// Who is calling, from the key presented (if any).
-    pub fn identify(&self, key: Option<&str>) -> Result<Caller, Refusal> {
-        match key {
-            Some(key) => match self.config.keys.get(key) {
-                Some(tier) => Ok(Caller { id: key.to_owned(), tier: tier.clone() }),
-                None => Err(Refusal::Unauthorized("unknown API key".into())),
-            },
-            None => match &self.config.anonymous {
-                Some(tier) => Ok(Caller { id: "anonymous".into(), tier: tier.clone() }),
-                None => Err(Refusal::Unauthorized("an API key is required".into())),
-            },
+    /// Reads the managed keys, then keeps them in step with the store (Redis) and flushes
+    /// usage to it. A keys file that cannot be read is an error; Redis not answering yet is
+    /// not (the keys arrive when it does).
+    pub async fn start(&self) -> Result<(), String> {
+        match self.keys.load().await {
+            Ok(records) => {
+                self.book.replace_managed(records);
+            }
+            Err(e) if matches!(*self.keys, KeyStore::Redis(_)) => {
+                tracing::warn!(error = %e, "managed keys not read from Redis yet; retrying");
+            }
+            Err(e) => return Err(format!("access.admin.keys_file: {e}")),
         }
+        self.keys.clone().spawn_sync(Arc::downgrade(&self.book));
+        self.usage.spawn_flush();
+        Ok(())
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AccessConfig {
+        &self.config
+    }
+
+    /// The client's address: the socket's peer, or what a trusted proxy forwarded.
+    pub fn client_ip(&self, peer: IpAddr, x_forwarded_for: Option<&str>, forwarded: Option<&str>) -> IpAddr {
+        ip::client_ip(peer, x_forwarded_for, forwarded, &self.config.trusted_proxies)
+    }
+
+    /// Who is calling, from what it presents; refused (401, or 403 for addresses) otherwise.
+    pub fn identify(&self, credentials: Credentials<'_>) -> Result<Caller, Refusal> {
+        let ip = credentials.client_ip;
+        if !self.ips.permits(ip) {
+            return Err(Refusal::Forbidden(format!("calls from {} are not accepted here", shown(ip))));
+        }
+        let caller = match credentials.key {
+            Some(token) if self.jwt.is_some() && jwt::looks_like_jwt(token) => {
+                let grant = self.jwt.as_ref().map_or(Err(jwt::TokenError::Malformed), |j| j.verify(token));
+                let grant = grant.map_err(|e| Refusal::Unauthorized(e.to_string()))?;
+                if !self.config.tiers.contains_key(&grant.tier) {
+                    return Err(Refusal::Unauthorized(format!("token claim tier {:?} is not a tier here", grant.tier)));
+                }
+                Caller {
+                    id: grant.subject,
+                    tier: grant.tier,
+                    scope: Arc::new(grant.scope),
+                    key_id: None,
+                    expires_ms: Some(grant.expires_ms),
+                    client_ip: ip,
+                }
+            }
+            Some(key) => {
+                let entry = self.book.lookup(key).ok_or_else(|| Refusal::Unauthorized("unknown API key".into()))?;
+                self.caller_of(&entry, ip)?
+            }
+            None => match &self.config.anonymous {
+                Some(tier) => Caller {
+                    id: "anonymous".into(),
+                    tier: tier.clone(),
+                    scope: Arc::default(),
+                    key_id: None,
+                    expires_ms: None,
+                    client_ip: ip,
+                },
+                None => return Err(Refusal::Unauthorized("an API key is required".into())),
+            },
+        };
+        if self.tier_ips.get(&caller.tier).is_some_and(|rules| !rules.permits(ip)) {
+            return Err(Refusal::Forbidden(format!("this tier may not be used from {}", shown(ip))));
+        }
+        Ok(caller)
+    }
+
+    fn caller_of(&self, entry: &keys::Entry, ip: Option<IpAddr>) -> Result<Caller, Refusal> {
+        if !entry.ips.permits(ip) {
+            return Err(Refusal::Forbidden(format!("this key may not be used from {}", shown(ip))));
+        }
+        Ok(Caller {
+            id: entry.id.clone(),
+            tier: entry.spec.tier.clone(),
+            scope: entry.scope.clone(),
+            key_id: Some(entry.id.clone()),
+            expires_ms: None,
+            client_ip: ip,
+        })
+    }
+
+    /// `caller` as the keys are now (a long-lived session checks again when they change):
+    /// refused once its key is revoked or its token has run out.
+    pub fn refresh(&self, caller: &Caller) -> Result<Caller, Refusal> {
+        if caller.expires_ms.is_some_and(|exp| exp <= now_ms()) {
+            return Err(Refusal::Unauthorized("token expired".into()));
+        }
+        let Some(id) = &caller.key_id else { return Ok(caller.clone()) };
+        let entry = self.book.by_id(id).ok_or_else(|| Refusal::Unauthorized("API key revoked".into()))?;
+        let refreshed = self.caller_of(&entry, caller.client_ip)?;
+        if self.tier(&refreshed).is_none() {
+            return Err(Refusal::Unauthorized("no such tier".into()));
+        }
+        Ok(refreshed)
+    }
+
+    /// Ticks whenever keys are created, changed or revoked.
+    pub fn key_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.book.changes()
     }
 
     /// The caller's tier.
@@ -219,38 +278,49 @@ impl Access {
         self.config.tiers.get(&caller.tier)
     }
 
-    /// Refuses `caller` on a network its tier does not list.
+    /// Refuses `caller` on a network its tier or its key's scope does not list.
     pub fn admit_to(&self, caller: &Caller, network: &str) -> Result<(), Refusal> {
         match self.tier(caller) {
-            Some(tier) if tier.serves(network) => Ok(()),
-            Some(_) => Err(Refusal::Forbidden(format!("this key may not use the network {network}"))),
+            Some(tier) if !tier.serves(network) => {
+                Err(Refusal::Forbidden(format!("this key may not use the network {network}")))
+            }
+            Some(_) => caller.scope.admit_network(network).map_err(Refusal::Forbidden),
             None => Err(Refusal::Unauthorized("no such tier".into())),
         }
     }
 
-    /// Charges `caller` for one request of these methods, or refuses it.
+    /// Charges `caller` for one request of these methods, or refuses it; counts its usage.
     pub async fn charge(&self, caller: &Caller, methods: &[&str]) -> Result<(), Refusal> {
         let Some(tier) = self.tier(caller) else { return Err(Refusal::Unauthorized("no such tier".into())) };
-        let cost = tier.cost(methods.iter().copied());
+        let calls: Vec<(&str, u32)> = methods.iter().map(|m| (*m, tier.cost_of(m))).collect();
+        let cost = calls.iter().fold(0u32, |sum, (_, c)| sum.saturating_add(*c));
         let (rate, per_day) = (tier.rate(), tier.per_day);
-        if rate.is_none() && per_day.is_none() {
-            return Ok(());
-        }
-        let result = match &self.store {
-            Store::Memory(buckets) => charge_memory(buckets, &caller.id, rate, per_day, cost, now_ms()),
-            Store::Redis(redis) => redis.charge(&caller.id, rate, per_day, cost, now_ms()).await,
+        let now = now_ms();
+        let result = match (&self.store, rate.is_none() && per_day.is_none()) {
+            (_, true) => Ok(()),
+            (Store::Memory(buckets), _) => charge_memory(buckets, &caller.id, rate, per_day, cost, now),
+            (Store::Redis(redis), _) => redis.charge(&caller.id, rate, per_day, cost, now).await,
         };
-        if let Err(refusal) = &result {
-            let what = match refusal {
-                Refusal::OverQuota { what, .. } => *what,
-                Refusal::Unavailable => "store_unavailable",
-                Refusal::Unauthorized(_) => "unauthorized",
-                Refusal::Forbidden(_) => "network",
-            };
-            metrics::counter!("sluice_access_refused_total", "tier" => caller.tier.clone(), "why" => what).increment(1);
+        match &result {
+            Ok(()) => self.usage.record(&caller.id, &caller.tier, day_of(now).0, &calls),
+            Err(refusal) => {
+                let what = match refusal {
+                    Refusal::OverQuota { what, .. } => *what,
+                    Refusal::Unavailable => "store_unavailable",
+                    Refusal::Unauthorized(_) => "unauthorized",
+                    Refusal::Forbidden(_) => "network",
+                };
+                metrics::counter!("sluice_access_refused_total", "tier" => caller.tier.clone(), "why" => what)
+                    .increment(1);
+            }
         }
         result
     }
+}
+
+/// An address for a message.
+fn shown(ip: Option<IpAddr>) -> String {
+    ip.map_or_else(|| "an unknown address".into(), |ip| ip.to_string())
 }
 
 fn charge_memory(
@@ -293,6 +363,10 @@ fn charge_memory(
 mod tests {
     use super::*;
 
+    fn key(key: Option<&str>) -> Credentials<'_> {
+        Credentials { key, client_ip: None }
+    }
+
     fn config() -> AccessConfig {
         let mut tiers = HashMap::new();
         tiers.insert(
@@ -306,9 +380,12 @@ mod tests {
         );
         tiers.insert("pro".to_owned(), Tier::default());
         AccessConfig {
-            keys: [("k-free".to_owned(), "free".to_owned()), ("k-pro".to_owned(), "pro".to_owned())]
-                .into_iter()
-                .collect(),
+            keys: [
+                ("k-free".to_owned(), KeyEntry::Tier("free".into())),
+                ("k-pro".to_owned(), KeyEntry::Tier("pro".into())),
+            ]
+            .into_iter()
+            .collect(),
             tiers,
             ..AccessConfig::default()
         }
@@ -317,11 +394,11 @@ mod tests {
     #[test]
     fn keys_name_tiers_and_anonymous_callers_follow_the_policy() {
         let access = Access::new(config()).unwrap();
-        assert_eq!(access.identify(Some("k-pro")).unwrap().tier, "pro");
-        assert!(matches!(access.identify(Some("nope")), Err(Refusal::Unauthorized(_))));
-        assert!(matches!(access.identify(None), Err(Refusal::Unauthorized(_))));
+        assert_eq!(access.identify(key(Some("k-pro"))).unwrap().tier, "pro");
+        assert!(matches!(access.identify(key(Some("nope"))), Err(Refusal::Unauthorized(_))));
+        assert!(matches!(access.identify(key(None)), Err(Refusal::Unauthorized(_))));
         let open = Access::new(AccessConfig { anonymous: Some("free".into()), ..config() }).unwrap();
-        assert_eq!(open.identify(None).unwrap().id, "anonymous");
+        assert_eq!(open.identify(key(None)).unwrap().id, "anonymous");
         let bad = AccessConfig { anonymous: Some("gold".into()), ..config() };
         assert!(Access::new(bad).is_err());
     }

@@ -88,7 +88,8 @@ fn main() {
     // The answer must be what a client expects, or the figures mean nothing.
     let check = runtime.block_on(async {
         let response =
-            sluice_gateway::http::serve_rpc(&gateway, 0, None, &headers, Full::new(Bytes::from_static(body))).await;
+            sluice_gateway::http::serve_rpc(&gateway, 0, None, &headers, None, Full::new(Bytes::from_static(body)))
+                .await;
         response.into_body().collect().await.expect("a body").to_bytes()
     });
     assert_eq!(check, fixed_reply, "serve_rpc answers the stand-in's value");
@@ -103,7 +104,8 @@ fn main() {
     let handler = measure(n, || {
         runtime.block_on(async {
             let response =
-                sluice_gateway::http::serve_rpc(&gateway, 0, None, &headers, Full::new(Bytes::from_static(body))).await;
+                sluice_gateway::http::serve_rpc(&gateway, 0, None, &headers, None, Full::new(Bytes::from_static(body)))
+                    .await;
             let _ = response.into_body().collect().await;
         })
     });

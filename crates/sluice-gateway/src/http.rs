@@ -62,18 +62,30 @@ fn api_key(path: Option<String>, headers: &HeaderMap) -> Option<String> {
         .or_else(|| header("x-api-key").map(str::to_owned))
 }
 
-/// The caller, or the refusal to send (401) when access control is on.
+/// The client's socket address, put in a request's extensions by the server for the router.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
+/// The caller, or the refusal to send (401, or 403 for an address) when access control is on.
 fn identify(
     gateway: &Gateway,
     key: Option<String>,
     headers: &HeaderMap,
+    peer: Option<std::net::IpAddr>,
 ) -> Result<Option<sluice_access::Caller>, Box<Response>> {
     let Some(control) = gateway.access() else { return Ok(None) };
     let key = api_key(key, headers);
-    control.access.identify(key.as_deref()).map(Some).map_err(|refusal| {
-        metrics::counter!("sluice_access_refused_total", "tier" => "", "why" => "unauthorized").increment(1);
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let client_ip = peer.map(|p| control.access.client_ip(p, header("x-forwarded-for"), header("forwarded")));
+    let credentials = sluice_access::Credentials { key: key.as_deref(), client_ip };
+    control.access.identify(credentials).map(Some).map_err(|refusal| {
+        let (status, why) = match refusal {
+            sluice_access::Refusal::Forbidden(_) => (StatusCode::FORBIDDEN, "address"),
+            _ => (StatusCode::UNAUTHORIZED, "unauthorized"),
+        };
+        metrics::counter!("sluice_access_refused_total", "tier" => "", "why" => why).increment(1);
         let reply = Reply::local_error(ErrorObject::new(codes::INVALID_REQUEST, refusal.to_string()));
-        Box::new(respond(StatusCode::UNAUTHORIZED, reply, &request_id(headers)))
+        Box::new(respond(status, reply, &request_id(headers)))
     })
 }
 
@@ -91,12 +103,13 @@ async fn entry(
         Target::Unknown(message) => return unknown_network(&message, &headers),
         Target::Operator => return (StatusCode::NOT_FOUND, "not found\n").into_response(),
     };
+    let peer = request.extensions().get::<ClientAddr>().map(|a| a.0);
     if method == http::Method::POST {
-        return serve_rpc(&state.gateway, network, key, &headers, request.into_body()).await;
+        return serve_rpc(&state.gateway, network, key, &headers, peer, request.into_body()).await;
     }
     let (mut parts, _) = request.into_parts();
     let ws = <WebSocketUpgrade as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await;
-    serve_upgrade(state, network, key, headers, ws).await
+    serve_upgrade(state, network, key, headers, peer, ws).await
 }
 
 /// HTTP 404 with a JSON-RPC error body for a path that names no network served here.
@@ -105,13 +118,14 @@ pub fn unknown_network(message: &str, headers: &HeaderMap) -> Response {
     respond(StatusCode::NOT_FOUND, reply, &request_id(headers))
 }
 
-/// A JSON-RPC POST to network `network` (an index into the gateway's networks), answered
-/// without the router (the server calls it directly; the router's fallback does too).
+/// A JSON-RPC POST to network `network` (an index into the gateway's networks) from `peer`,
+/// answered without the router (the server calls it directly; the router's fallback does too).
 pub async fn serve_rpc<B>(
     gateway: &Gateway,
     network: usize,
     key: Option<String>,
     headers: &HeaderMap,
+    peer: Option<std::net::SocketAddr>,
     body: B,
 ) -> Response
 where
@@ -121,7 +135,7 @@ where
     let Some(network) = gateway.network(network) else {
         return unknown_network("no such network", headers);
     };
-    let caller = match identify(gateway, key, headers) {
+    let caller = match identify(gateway, key, headers, peer.map(|p| p.ip())) {
         Ok(caller) => caller,
         Err(refusal) => return *refusal,
     };
@@ -254,9 +268,10 @@ async fn serve_upgrade(
     network: usize,
     key: Option<String>,
     headers: HeaderMap,
+    peer: Option<std::net::SocketAddr>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let caller = match identify(&state.gateway, key, &headers) {
+    let caller = match identify(&state.gateway, key, &headers, peer.map(|p| p.ip())) {
         Ok(caller) => caller,
         Err(refusal) => return *refusal,
     };

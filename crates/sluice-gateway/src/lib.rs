@@ -12,11 +12,13 @@
 //!
 //! Decisions live in pure code ([`route`], `sluice-jsonrpc`); sockets live here at the edge.
 
+pub mod admin;
 pub mod http;
 pub mod network;
 pub mod pipeline;
 pub mod policy;
 pub mod route;
+pub mod scope;
 pub mod server;
 pub mod telemetry;
 pub mod ws;

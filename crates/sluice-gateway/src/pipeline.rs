@@ -300,6 +300,11 @@ impl Pipeline {
         let mut ids: Vec<Option<Id>> = Vec::with_capacity(items.len());
         let mut calls: Vec<(usize, Call)> = Vec::new();
         for (i, item) in items.into_iter().enumerate() {
+            // A key's or token's scope: checked only for calls the policy lets through.
+            let out_of_scope = match (&item, edge.caller) {
+                (Ok(req), Some(c)) if policy.permits(&req.method) => crate::scope::admit(&c.scope, req).err(),
+                _ => None,
+            };
             match item {
                 Err((id, e)) => {
                     telemetry::count_call(&self.network, "", "invalid");
@@ -312,6 +317,13 @@ impl Pipeline {
                         codes::METHOD_NOT_FOUND,
                         format!("the method {} is not allowed here", req.method),
                     );
+                    slots[i] = Some(Outcome::error(&e));
+                    ids.push(req.id);
+                }
+                Ok(req) if out_of_scope.is_some() => {
+                    telemetry::count_call(&self.network, &req.method, "denied");
+                    let why = out_of_scope.unwrap_or_default();
+                    let e = ErrorObject::new(codes::INVALID_REQUEST, format!("forbidden: {why}"));
                     slots[i] = Some(Outcome::error(&e));
                     ids.push(req.id);
                 }

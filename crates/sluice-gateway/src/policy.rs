@@ -49,24 +49,12 @@ impl MethodPolicy {
 
     /// Checks that every pattern is well formed: a method name, optionally ending in `*`.
     pub fn validate(patterns: &[String]) -> Result<(), String> {
-        for p in patterns {
-            let name = p.strip_suffix('*').unwrap_or(p);
-            if name.is_empty() && p != "*"
-                || name.contains('*')
-                || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            {
-                return Err(format!("{p:?} is not a method name or a prefix ending in *"));
-            }
-        }
-        Ok(())
+        sluice_access::scope::validate_patterns(patterns)
     }
 }
 
 fn matches(pattern: &str, method: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => method.starts_with(prefix),
-        None => pattern == method,
-    }
+    sluice_access::scope::method_matches(pattern, method)
 }
 
 #[cfg(test)]

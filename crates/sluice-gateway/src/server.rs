@@ -31,9 +31,9 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
             },
             _ = &mut shutdown => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Usually out of file descriptors: wait rather than spin.
                     tracing::warn!(error = %e, "accept failed");
@@ -54,10 +54,12 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
                         let key = key.map(str::to_owned);
                         let (parts, body) = req.into_parts();
                         return Ok::<_, std::convert::Infallible>(
-                            http::serve_rpc(&gateway, network, key, &parts.headers, body).await,
+                            http::serve_rpc(&gateway, network, key, &parts.headers, Some(peer), body).await,
                         );
                     }
                 }
+                let mut req = req;
+                req.extensions_mut().insert(http::ClientAddr(peer));
                 tower::ServiceExt::oneshot(router, req).await
             }
         });

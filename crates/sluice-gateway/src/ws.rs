@@ -59,8 +59,29 @@ pub async fn session(
         local_tx,
         caller,
     };
-    let close = loop {
+    // Access can be withdrawn while the socket is open: a key revoked or changed (checked
+    // again whenever the keys change), or a token running out.
+    let mut key_changes = session.gateway.access().map(|c| c.access.key_changes());
+    let expires = session.caller.as_ref().and_then(|c| c.expires_ms).map(|ms| {
+        let left = ms.saturating_sub(sluice_access::now_ms());
+        tokio::time::Instant::now() + std::time::Duration::from_millis(left)
+    });
+    let close: Option<(u16, String)> = loop {
         tokio::select! {
+            Some(Ok(())) = async { match &mut key_changes { Some(rx) => Some(rx.changed().await), None => None } },
+                if session.caller.is_some() => {
+                let refreshed = match (session.gateway.access(), &session.caller) {
+                    (Some(control), Some(caller)) => control.access.refresh(caller),
+                    _ => continue,
+                };
+                match refreshed {
+                    Ok(caller) => session.caller = Some(caller),
+                    Err(refusal) => break Some((1008, refusal.to_string())),
+                }
+            }
+            _ = async { if let Some(at) = expires { tokio::time::sleep_until(at).await } }, if expires.is_some() => {
+                break Some((1008, "unauthorized: token expired".to_owned()));
+            }
             message = stream.next() => {
                 let body = match message {
                     Some(Ok(Message::Text(text))) => bytes::Bytes::from(text),
@@ -72,18 +93,18 @@ pub async fn session(
             }
             Some((client_id, result)) = local_rx.recv() => {
                 if session.local.contains_key(&client_id) && !session.notify(&client_id, &result) {
-                    break Some((1008, "client too slow to take its subscription events"));
+                    break Some((1008, "client too slow to take its subscription events".to_owned()));
                 }
             }
             event = session.subscriptions.next_notification() => match event {
                 Some(event) => {
                     if !session.forward(event) {
-                        break Some((1008, "client too slow to take its subscription events"));
+                        break Some((1008, "client too slow to take its subscription events".to_owned()));
                     }
                 }
-                None => break Some((1011, "upstream subscription connection lost")),
+                None => break Some((1011, "upstream subscription connection lost".to_owned())),
             },
-            _ = shutdown.changed() => break Some((1001, "server shutting down")),
+            _ = shutdown.changed() => break Some((1001, "server shutting down".to_owned())),
         }
     };
     session.release_subscriptions(session.held());

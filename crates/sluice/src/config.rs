@@ -618,6 +618,18 @@ impl Config {
                     );
                 }
             }
+            for (key, entry) in &access.keys {
+                for id in &entry.spec().networks {
+                    anyhow::ensure!(
+                        networks.iter().any(|n| &n.id == id),
+                        "access.keys: key {}…: networks: no network has the id {id:?}",
+                        key.get(..4).unwrap_or(key)
+                    );
+                }
+            }
+            if let Some(admin) = &access.admin {
+                anyhow::ensure!(admin.listen != self.listen, "access.admin.listen: must differ from listen");
+            }
         }
         sluice_gateway::policy::MethodPolicy::validate(&self.methods.deny)
             .map_err(|e| anyhow::anyhow!("methods.deny: {e}"))?;

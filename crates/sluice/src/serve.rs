@@ -50,6 +50,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         let tiers: Vec<(String, Vec<String>, Vec<String>)> =
             access.tiers.iter().map(|(name, t)| (name.clone(), t.deny.clone(), t.allow.clone())).collect();
         let control = sluice_access::Access::new(access.clone()).map_err(anyhow::Error::msg)?;
+        control.start().await.map_err(anyhow::Error::msg)?;
         gateway = gateway.access(control, tiers);
         tracing::info!(
             keys = access.keys.len(),
@@ -63,6 +64,26 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
+    let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+    let admin = match config.access.as_ref().and_then(|a| a.admin.as_ref()) {
+        Some(admin) => {
+            let admin_listener = TcpListener::bind(admin.listen)
+                .await
+                .map_err(|e| anyhow::anyhow!("access.admin.listen: cannot listen on {}: {e}", admin.listen))?;
+            let admin_addr = admin_listener.local_addr()?;
+            println!("sluice admin on http://{admin_addr}");
+            let stopped = async move {
+                let _ = admin_stopped.await;
+            };
+            Some(tokio::spawn(sluice_gateway::admin::serve(
+                admin_listener,
+                gateway.clone(),
+                admin.token.clone(),
+                stopped,
+            )))
+        }
+        None => None,
+    };
     // Printed on stdout, one line each, for people and for scripts waiting on them.
     match (named, &lines[..]) {
         (false, [(_, _, url, upstreams)]) => {
@@ -78,6 +99,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     }
     tracing::info!(%addr, networks = lines.len(), "serving");
     sluice_gateway::serve(listener, gateway, shutdown).await;
+    let _ = admin_stop.send(());
+    if let Some(admin) = admin {
+        let _ = admin.await;
+    }
     for ingress in ingresses {
         ingress.shutdown().await;
     }

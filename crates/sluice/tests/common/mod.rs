@@ -127,6 +127,32 @@ pub mod ws {
         tokio_tungstenite::connect_async(url).await.expect("websocket connects").0
     }
 
+    /// Connects with extra request headers (`Authorization`, say).
+    pub async fn connect_with(url: &str, headers: &[(&str, &str)]) -> Socket {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = url.into_client_request().expect("a WebSocket URL");
+        for (name, value) in headers {
+            let name = tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes()).expect("a name");
+            request.headers_mut().insert(name, value.parse().expect("a header value"));
+        }
+        tokio_tungstenite::connect_async(request).await.expect("websocket connects").0
+    }
+
+    /// Waits up to `within` for the server to close the socket; its close code and reason.
+    pub async fn closed(ws: &mut Socket, within: Duration) -> (u16, String) {
+        let wait = async {
+            while let Some(message) = ws.next().await {
+                match message {
+                    Ok(Message::Close(Some(frame))) => return (u16::from(frame.code), frame.reason.to_string()),
+                    Ok(Message::Close(None)) | Err(_) => return (0, String::new()),
+                    Ok(_) => {}
+                }
+            }
+            (0, String::new())
+        };
+        tokio::time::timeout(within, wait).await.expect("the socket closed in time")
+    }
+
     pub async fn send(ws: &mut Socket, body: Value) {
         ws.send(Message::text(body.to_string())).await.expect("sent");
     }
