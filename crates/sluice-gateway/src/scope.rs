@@ -78,7 +78,7 @@ mod tests {
             .unwrap_err()
             .contains("0x0000000000000000000000000000000000000001"));
         assert!(admit(&scope, &req("eth_call", r#"[{"data":"0x00"}]"#)).is_err(), "no to: a creation");
-        assert!(admit(&scope, &req("eth_call", r#"nonsense"#)).is_err());
+        assert!(admit(&scope, &req("eth_call", r#"{"x":1}"#)).is_err());
         assert!(admit(&scope, &req("eth_sendRawTransaction", r#"["0x1234"]"#)).is_err(), "undecodable");
         assert!(admit(&scope, &req("eth_getBalance", r#"["0x01","latest"]"#)).is_ok());
         assert!(admit(&Scope::default(), &req("eth_call", other)).is_ok());

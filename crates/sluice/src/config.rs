@@ -628,7 +628,10 @@ impl Config {
                 }
             }
             if let Some(admin) = &access.admin {
-                anyhow::ensure!(admin.listen != self.listen, "access.admin.listen: must differ from listen");
+                anyhow::ensure!(
+                    admin.listen.port() == 0 || admin.listen != self.listen,
+                    "access.admin.listen: must differ from listen"
+                );
             }
         }
         sluice_gateway::policy::MethodPolicy::validate(&self.methods.deny)
