@@ -91,9 +91,9 @@ impl IpRules {
         if self.is_empty() {
             return true;
         }
-        let Some(ip) = ip else { return false };
-        !self.deny.iter().any(|c| c.contains(ip))
-            && (self.allow.is_empty() || self.allow.iter().any(|c| c.contains(ip)))
+        let Some(ip) = ip.map(canonical) else { return false };
+        let inside = |c: &Cidr| c.0.contains(&ip);
+        !self.deny.iter().any(inside) && (self.allow.is_empty() || self.allow.iter().any(inside))
     }
 }
 

@@ -5,9 +5,16 @@
 //! secret; RS256 and ES256 a public key (PEM). Unsigned tokens (`alg: none`) are refused by
 //! name before anything else is read. The claims give the tier, the quota bucket (`sub`) and an
 //! optional scope (`networks`, `methods`, `contracts`); `exp` is required.
+//!
+//! A token verified once is remembered (by its SHA-256, at most [`REMEMBERED`] of them, each
+//! for at most [`REMEMBER_FOR`] and never past its `exp`): a client sends the same token on
+//! every request, and an ES256 verification costs far more than the rest of a request
+//! (`cargo bench -p sluice-gateway --bench access`). Refusals are not remembered.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
@@ -73,7 +80,7 @@ pub struct Grant {
     /// The tier's name.
     pub tier: String,
     /// The token's own limits.
-    pub scope: Scope,
+    pub scope: Arc<Scope>,
     /// When it stops being valid, Unix milliseconds.
     pub expires_ms: u64,
 }
@@ -126,10 +133,16 @@ struct Verifier {
     key: DecodingKey,
 }
 
+/// Verified tokens remembered at most.
+pub const REMEMBERED: u64 = 10_000;
+/// How long a verified token is remembered at most.
+pub const REMEMBER_FOR: Duration = Duration::from_secs(300);
+
 /// The configured keys, ready to verify.
 pub struct Jwt {
     verifiers: Vec<Verifier>,
     config: JwtConfig,
+    verified: moka::sync::Cache<[u8; 32], Arc<Grant>>,
 }
 
 impl Jwt {
@@ -175,7 +188,23 @@ impl Jwt {
             .map_err(|e| format!("{at}: {e}"))?;
             verifiers.push(Verifier { kid: k.kid.clone(), algorithm, key });
         }
-        Ok(Self { verifiers, config: config.clone() })
+        let verified = moka::sync::Cache::builder().max_capacity(REMEMBERED).time_to_live(REMEMBER_FOR).build();
+        Ok(Self { verifiers, config: config.clone(), verified })
+    }
+
+    /// Verifies `token`, or finds it verified already; `now_ms` is checked against its `exp`.
+    pub fn check(&self, token: &str, now_ms: u64) -> Result<Arc<Grant>, TokenError> {
+        let digest: [u8; 32] = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(token)).into();
+        if let Some(grant) = self.verified.get(&digest) {
+            if grant.expires_ms.saturating_add(self.config.leeway_secs * 1000) <= now_ms {
+                self.verified.invalidate(&digest);
+                return Err(TokenError::Expired);
+            }
+            return Ok(grant);
+        }
+        let grant = Arc::new(self.verify(token)?);
+        self.verified.insert(digest, grant.clone());
+        Ok(grant)
     }
 
     /// Verifies `token` now; the grant's `expires_ms` lets long-lived WebSocket sessions
@@ -239,7 +268,7 @@ impl Jwt {
         Ok(Grant {
             subject: format!("jwt:{subject}"),
             tier,
-            scope,
+            scope: Arc::new(scope),
             expires_ms: claims.exp.unwrap_or(0).saturating_mul(1000),
         })
     }

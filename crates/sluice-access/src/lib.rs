@@ -151,7 +151,7 @@ impl Access {
             (None, Some(admin)) => KeyStore::File(admin.keys_file.clone().unwrap_or_else(|| "sluice-keys.json".into())),
             (None, None) => KeyStore::Memory,
         };
-        let usage = Arc::new(Usage::new(config.redis_url.as_deref())?);
+        let usage = Arc::new(Usage::new(config.redis_url.as_deref(), config.tiers.keys().map(String::as_str))?);
         let ips = IpRules::new(&config.allow_ips, &config.deny_ips);
         let tier_ips = config.tiers.iter().map(|(n, t)| (n.clone(), IpRules::new(&t.allow_ips, &t.deny_ips))).collect();
         Ok(Self {
@@ -203,15 +203,15 @@ impl Access {
         }
         let caller = match credentials.key {
             Some(token) if self.jwt.is_some() && jwt::looks_like_jwt(token) => {
-                let grant = self.jwt.as_ref().map_or(Err(jwt::TokenError::Malformed), |j| j.verify(token));
+                let grant = self.jwt.as_ref().map_or(Err(jwt::TokenError::Malformed), |j| j.check(token, now_ms()));
                 let grant = grant.map_err(|e| Refusal::Unauthorized(e.to_string()))?;
                 if !self.config.tiers.contains_key(&grant.tier) {
                     return Err(Refusal::Unauthorized(format!("token claim tier {:?} is not a tier here", grant.tier)));
                 }
                 Caller {
-                    id: grant.subject,
-                    tier: grant.tier,
-                    scope: Arc::new(grant.scope),
+                    id: grant.subject.clone(),
+                    tier: grant.tier.clone(),
+                    scope: grant.scope.clone(),
                     key_id: None,
                     expires_ms: Some(grant.expires_ms),
                     client_ip: ip,

@@ -50,7 +50,8 @@ pub struct DayUsage {
     pub methods: BTreeMap<String, Tally>,
 }
 
-type Days = HashMap<(String, u64), HashMap<String, Tally>>;
+/// Caller → day → method → tally.
+type Days = HashMap<String, HashMap<u64, HashMap<String, Tally>>>;
 
 /// The tallies.
 pub struct Usage {
@@ -58,34 +59,58 @@ pub struct Usage {
     /// Counted since the last flush to Redis.
     pending: Mutex<Days>,
     redis: Option<(redis::Client, OnceCell<redis::aio::ConnectionManager>)>,
+    /// Each tier's Prometheus counters (calls, units), registered once.
+    counters: HashMap<String, (metrics::Counter, metrics::Counter)>,
 }
 
+/// Adds to a caller's day, looking up by reference: no allocation once the method is known.
 fn add(days: &mut Days, caller: &str, day: u64, method: &str, tally: Tally) {
-    let methods = days.entry((caller.to_owned(), day)).or_default();
-    let name = if methods.contains_key(method) || methods.len() < MAX_METHODS { method } else { "other" };
+    if !days.contains_key(caller) {
+        days.insert(caller.to_owned(), HashMap::new());
+    }
+    let Some(by_day) = days.get_mut(caller) else { return };
+    let methods = by_day.entry(day).or_default();
+    if let Some(t) = methods.get_mut(method) {
+        return t.add(tally);
+    }
+    let name = if methods.len() < MAX_METHODS { method } else { "other" };
     methods.entry(name.to_owned()).or_default().add(tally);
 }
 
 impl Usage {
-    /// Tallies in memory, and in Redis at `redis_url` when given.
-    pub fn new(redis_url: Option<&str>) -> Result<Self, String> {
+    /// Tallies in memory, and in Redis at `redis_url` when given, for callers of `tiers`.
+    pub fn new<'a>(redis_url: Option<&str>, tiers: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
         let redis = match redis_url {
             Some(url) => {
                 Some((redis::Client::open(url).map_err(|e| format!("access.redis_url: {e}"))?, OnceCell::new()))
             }
             None => None,
         };
-        Ok(Self { days: Mutex::default(), pending: Mutex::default(), redis })
+        let counters = tiers
+            .into_iter()
+            .map(|tier| {
+                let calls = metrics::counter!("sluice_access_calls_total", "tier" => tier.to_owned());
+                let units = metrics::counter!("sluice_access_units_total", "tier" => tier.to_owned());
+                (tier.to_owned(), (calls, units))
+            })
+            .collect();
+        Ok(Self { days: Mutex::default(), pending: Mutex::default(), redis, counters })
     }
 
     /// Counts one request of `calls` (method and cost each) by `caller` of `tier` on `day`.
     pub fn record(&self, caller: &str, tier: &str, day: u64, calls: &[(&str, u32)]) {
         let units: u64 = calls.iter().map(|(_, c)| u64::from(*c)).sum();
-        metrics::counter!("sluice_access_calls_total", "tier" => tier.to_owned()).increment(calls.len() as u64);
-        metrics::counter!("sluice_access_units_total", "tier" => tier.to_owned()).increment(units);
+        if let Some((c, u)) = self.counters.get(tier) {
+            c.increment(calls.len() as u64);
+            u.increment(units);
+        }
         let mut days = self.days.lock().unwrap_or_else(|e| e.into_inner());
-        if !days.contains_key(&(caller.to_owned(), day)) {
-            days.retain(|(_, d), _| d + KEEP_DAYS > day);
+        if days.get(caller).is_none_or(|d| !d.contains_key(&day)) {
+            // A new day for this caller: drop what is older than KEEP_DAYS, everyone's.
+            days.retain(|_, by_day| {
+                by_day.retain(|d, _| d + KEEP_DAYS > day);
+                !by_day.is_empty()
+            });
         }
         for (method, cost) in calls {
             add(&mut days, caller, day, method, Tally { calls: 1, units: u64::from(*cost) });
@@ -105,13 +130,10 @@ impl Usage {
         for day in days {
             let methods = match &self.redis {
                 Some(_) => self.read_redis(caller, day).await?,
-                None => self
-                    .days
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&(caller.to_owned(), day))
-                    .cloned()
-                    .unwrap_or_default(),
+                None => {
+                    let all = self.days.lock().unwrap_or_else(|e| e.into_inner());
+                    all.get(caller).and_then(|d| d.get(&day)).cloned().unwrap_or_default()
+                }
             };
             let mut usage = DayUsage { day, ..DayUsage::default() };
             for (method, tally) in methods {
@@ -165,13 +187,15 @@ impl Usage {
             return Ok(());
         }
         let mut pipe = redis::pipe();
-        for ((caller, day), methods) in &pending {
-            let key = redis_key(caller, *day);
-            for (method, tally) in methods {
-                pipe.hincr(&key, format!("{method}|calls"), tally.calls).ignore();
-                pipe.hincr(&key, format!("{method}|units"), tally.units).ignore();
+        for (caller, by_day) in &pending {
+            for (day, methods) in by_day {
+                let key = redis_key(caller, *day);
+                for (method, tally) in methods {
+                    pipe.hincr(&key, format!("{method}|calls"), tally.calls).ignore();
+                    pipe.hincr(&key, format!("{method}|units"), tally.units).ignore();
+                }
+                pipe.expire(&key, REDIS_TTL_SECS).ignore();
             }
-            pipe.expire(&key, REDIS_TTL_SECS).ignore();
         }
         let result = async {
             let mut c = self.connection().await?;
@@ -184,9 +208,11 @@ impl Usage {
         if result.is_err() {
             // Put the counts back; they go out with the next flush.
             let mut back = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            for ((caller, day), methods) in pending {
-                for (method, tally) in methods {
-                    add(&mut back, &caller, day, &method, tally);
+            for (caller, by_day) in pending {
+                for (day, methods) in by_day {
+                    for (method, tally) in methods {
+                        add(&mut back, &caller, day, &method, tally);
+                    }
                 }
             }
         }
@@ -222,7 +248,7 @@ mod tests {
 
     #[tokio::test]
     async fn tallies_by_day_and_method_with_a_bound_on_method_names() {
-        let usage = Usage::new(None).unwrap();
+        let usage = Usage::new(None, ["free"]).unwrap();
         usage.record("k", "free", 10, &[("eth_call", 2), ("eth_call", 2), ("eth_chainId", 1)]);
         usage.record("k", "free", 11, &[("eth_call", 2)]);
         for i in 0..100 {

@@ -15,68 +15,22 @@
 //! Each figure is the median of 7 runs of N calls, in ns per request (one thread, current-thread
 //! runtime). The stand-in upstream is named as such: it is in this bench only.
 
-use std::sync::Arc;
-use std::time::Instant;
+mod common;
 
-use async_trait::async_trait;
+use common::{iterations, measure, Fixed};
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use sluice_gateway::{Edge, GatewayBuilder, Limits};
-use sluice_jsonrpc::{parse_body, write_chunks, Id, Incoming, Outcome, RawValue, Response, SharedRaw};
-use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
-
-/// Stand-in upstream: every call is answered with the same shared value, as a memory hit is.
-struct Fixed(SharedRaw);
-
-#[async_trait]
-impl Upstreams for Fixed {
-    async fn call(&self, _: &Call) -> Result<Answer, UpstreamError> {
-        Ok(Answer { outcome: Outcome::Result(self.0.clone()), source: Source::Memory })
-    }
-
-    async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
-        let mut answers = Vec::with_capacity(calls.len());
-        for call in calls {
-            answers.push(self.call(call).await);
-        }
-        answers
-    }
-}
-
-/// `cargo bench` passes `--bench`; under `cargo test` the same code runs briefly as a smoke test.
-fn iterations() -> u32 {
-    if std::env::args().any(|a| a == "--bench") {
-        200_000
-    } else {
-        200
-    }
-}
-
-fn median_ns(runs: &mut [f64]) -> f64 {
-    runs.sort_by(f64::total_cmp);
-    runs[runs.len() / 2]
-}
-
-fn measure<F: FnMut()>(n: u32, mut f: F) -> f64 {
-    let mut runs: Vec<f64> = (0..7)
-        .map(|_| {
-            let started = Instant::now();
-            for _ in 0..n {
-                f();
-            }
-            started.elapsed().as_nanos() as f64 / f64::from(n)
-        })
-        .collect();
-    median_ns(&mut runs)
-}
+use sluice_jsonrpc::{parse_body, write_chunks, Id, Incoming, Outcome, Response};
+use sluice_upstream::Call;
 
 fn main() {
-    let n = iterations();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let n = iterations(200_000);
+    let runtime = common::runtime();
     let _guard = runtime.enter();
-    let body: &'static [u8] = br#"{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266","0x0"]}"#;
-    let answer: SharedRaw = Arc::from(RawValue::from_string("\"0x21e19e0c9bab2400000\"".into()).expect("JSON"));
-    let fixed_reply = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":"0x21e19e0c9bab2400000"}"#);
+    let (body, answer, fixed_reply) = (common::BODY, common::answer(), Bytes::from_static(common::REPLY));
     let gateway = GatewayBuilder::single(Arc::new(Fixed(answer.clone())), Limits::default()).build();
     let headers = {
         let mut h = http::HeaderMap::new();
