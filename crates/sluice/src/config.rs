@@ -543,7 +543,13 @@ pub fn load_layers(file: Option<&Path>, overrides: &Overrides) -> anyhow::Result
         anyhow::ensure!(file.is_file(), "config file {} not found", file.display());
         figment = figment.merge(Toml::file(file));
     }
-    figment = figment.merge(Env::prefixed("SLUICE_").split("__").ignore(&["upstream", "config", "log"]));
+    let ignored = ignored_env();
+    if !ignored.is_empty() {
+        // Printed, not logged: the logger is set up from the configuration being read.
+        eprintln!("sluice: ignoring environment variables that name no configuration key: {}", ignored.join(", "));
+    }
+    let env = Env::prefixed("SLUICE_").filter(|key| names_a_key(key.as_str())).split("__");
+    figment = figment.merge(env.ignore(OTHER_VARIABLES));
     let mut config: Config = figment.extract().map_err(describe)?;
     if let Ok(list) = std::env::var("SLUICE_UPSTREAM") {
         config.upstreams =
@@ -556,6 +562,49 @@ pub fn load_layers(file: Option<&Path>, overrides: &Overrides) -> anyhow::Result
         config.upstreams = overrides.upstreams.iter().map(UpstreamConfig::from_url).collect();
     }
     Ok(config)
+}
+
+/// The configuration's top-level keys, as `SLUICE_<KEY>` or `SLUICE_<KEY>__<FIELD>…` name them.
+pub const KEYS: &[&str] = &[
+    "listen",
+    "upstreams",
+    "limits",
+    "cache",
+    "pool",
+    "mempool",
+    "logs",
+    "methods",
+    "access",
+    "ingress",
+    "mesh",
+    "networks",
+];
+/// `SLUICE_` variables read elsewhere: `SLUICE_UPSTREAM`, `SLUICE_CONFIG`, `SLUICE_LOG`,
+/// `SLUICE_ANVIL` (`sluice dev`).
+const OTHER_VARIABLES: &[&str] = &["upstream", "config", "log", "anvil"];
+
+/// True when an environment key (after `SLUICE_`, any case) names a configuration key: its
+/// first `__` segment is a top-level key. A wrong field under a real key (`SLUICE_LIMITS__NOPE`)
+/// still names the configuration and is refused with the key named. Pure.
+pub fn names_a_key(key: &str) -> bool {
+    let first = key.split("__").next().unwrap_or_default().to_ascii_lowercase();
+    KEYS.contains(&first.as_str())
+}
+
+/// `SLUICE_*` variables in this process's environment that name neither a configuration key
+/// nor one of sluice's own variables: Kubernetes' service links (`SLUICE_PORT`,
+/// `SLUICE_SERVICE_HOST`, … for a Service called `sluice`) and anything unrelated.
+pub fn ignored_env() -> Vec<String> {
+    let mut names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| {
+            name.strip_prefix("SLUICE_").is_some_and(|rest| {
+                !names_a_key(rest) && !OTHER_VARIABLES.contains(&rest.to_ascii_lowercase().as_str())
+            })
+        })
+        .collect();
+    names.sort();
+    names
 }
 
 /// Reads one file alone (no environment, no flags) and validates it: `sluice config validate`.
@@ -644,6 +693,21 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_variables_that_name_a_top_level_key_are_read() {
+        for named in ["LISTEN", "limits__max_batch_len", "ACCESS__ADMIN__TOKEN", "networks", "Mesh__peers"] {
+            assert!(names_a_key(named), "{named}");
+        }
+        // Kubernetes' service links for a Service called sluice, and other strays.
+        for stray in ["PORT", "PORT_8545_TCP_ADDR", "SERVICE_HOST", "SERVICE_PORT_RPC", "LIMITS_SERVICE_HOST", ""] {
+            assert!(!names_a_key(stray), "{stray}");
+        }
+        // KEYS is the whole list: serde names the same fields when refusing an unknown one.
+        let refusal = parse_toml("nonsense = 1\n").unwrap_err().to_string();
+        let expected: Vec<String> = KEYS.iter().map(|k| format!("`{k}`")).collect();
+        assert!(refusal.contains(&expected.join(", ")), "{refusal}");
+    }
+
     use super::*;
     use std::io::Write;
 

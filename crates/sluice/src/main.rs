@@ -177,6 +177,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     )
                 }
             }
+            let ignored = config::ignored_env();
+            if !ignored.is_empty() {
+                println!("ignored environment variables (they name no configuration key): {}", ignored.join(", "));
+            }
             Ok(())
         }
     }

@@ -114,6 +114,66 @@ fn config_validate_names_the_bad_key() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("upstreams[0].url"));
 }
 
+/// The environment Kubernetes gives every pod of a namespace holding a Service called `sluice`.
+const SERVICE_LINKS: &[(&str, &str)] = &[
+    ("SLUICE_PORT", "tcp://10.96.0.12:8545"),
+    ("SLUICE_PORT_8545_TCP", "tcp://10.96.0.12:8545"),
+    ("SLUICE_PORT_8545_TCP_ADDR", "10.96.0.12"),
+    ("SLUICE_PORT_8545_TCP_PORT", "8545"),
+    ("SLUICE_PORT_8545_TCP_PROTO", "tcp"),
+    ("SLUICE_SERVICE_HOST", "10.96.0.12"),
+    ("SLUICE_SERVICE_PORT", "8545"),
+];
+
+#[tokio::test]
+async fn kubernetes_service_links_do_not_stop_sluice() {
+    let anvil = sluice_testkit::Anvil::spawn();
+    let mut env: Vec<(&str, &str)> = SERVICE_LINKS.to_vec();
+    env.push(("SLUICE_LIMITS__MAX_BATCH_LEN", "7"));
+    let sluice = Sluice::spawn_env(BIN, &["serve", "--listen", "127.0.0.1:0", "--upstream", &anvil.http_url()], &env);
+    let client = reqwest::Client::new();
+    let (status, body) = post(&client, &sluice.http_url(), r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#).await;
+    assert_eq!(status, 200, "{body}");
+    // A variable that names a key is still read: the batch limit of 7 holds.
+    let batch: Vec<serde_json::Value> =
+        (0..8).map(|i| json!({"jsonrpc": "2.0", "id": i, "method": "eth_chainId"})).collect();
+    let (_, body) = post(&client, &sluice.http_url(), serde_json::to_string(&batch).unwrap()).await;
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("limit 7"), "{body}");
+
+    // A variable naming a key with a bad value still stops it, naming the key.
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", &anvil.http_url()])
+        .envs(SERVICE_LINKS.iter().copied())
+        .env("SLUICE_LIMITS__MAX_BATCH_LEN", "many")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let error = stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_default();
+    assert!(error.contains("MAX_BATCH_LEN") && !error.to_lowercase().contains("port"), "{stderr}");
+    assert!(stderr.contains("ignoring environment variables that name no configuration key: SLUICE_PORT,"), "{stderr}");
+
+    // `sluice config validate` lists what it would ignore.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sluice.toml");
+    std::fs::write(&file, "[[upstreams]]\nurl = \"http://127.0.0.1:8546\"\n").unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["config", "validate"])
+        .arg(&file)
+        .envs(SERVICE_LINKS.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(
+            "ignored environment variables (they name no configuration key): SLUICE_PORT, SLUICE_PORT_8545_TCP,"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("SLUICE_SERVICE_PORT"), "{stdout}");
+}
+
 #[tokio::test]
 async fn dev_starts_anvil_serves_it_and_stops_it() {
     let anvil = sluice_testkit::foundry_tool("anvil");
