@@ -580,8 +580,8 @@ pub const KEYS: &[&str] = &[
     "networks",
 ];
 /// `SLUICE_` variables read elsewhere: `SLUICE_UPSTREAM`, `SLUICE_CONFIG`, `SLUICE_LOG`,
-/// `SLUICE_ANVIL` (`sluice dev`).
-const OTHER_VARIABLES: &[&str] = &["upstream", "config", "log", "anvil"];
+/// `SLUICE_LOG_FORMAT`, `SLUICE_ANVIL` (`sluice dev`).
+const OTHER_VARIABLES: &[&str] = &["upstream", "config", "log", "log_format", "anvil"];
 
 /// True when an environment key (after `SLUICE_`, any case) names a configuration key: its
 /// first `__` segment is a top-level key. A wrong field under a real key (`SLUICE_LIMITS__NOPE`)

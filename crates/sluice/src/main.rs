@@ -15,8 +15,21 @@ struct Cli {
     /// Log filter (tracing's EnvFilter syntax); RUST_LOG also works.
     #[arg(long, global = true, env = "SLUICE_LOG", default_value = "info")]
     log: String,
+    /// Log lines as `text` (for people) or `json` (one object per line, with the spans'
+    /// fields such as `request_id`, for log collectors).
+    #[arg(long, global = true, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -100,7 +113,11 @@ enum ConfigAction {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cli.log));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(true).with_span_list(false).init(),
+    }
     match run(cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

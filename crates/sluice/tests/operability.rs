@@ -189,3 +189,61 @@ async fn dev_starts_anvil_serves_it_and_stops_it() {
     assert!(exit.expect("sluice dev exited").success());
     assert!(std::net::TcpStream::connect(("127.0.0.1", anvil_port)).is_err(), "anvil stopped");
 }
+
+#[tokio::test]
+async fn json_logs_carry_the_request_id() {
+    let anvil = sluice_testkit::Anvil::spawn();
+    let mut child = std::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", &anvil.http_url()])
+        .env("SLUICE_LOG", "debug")
+        .env("SLUICE_LOG_FORMAT", "json")
+        .env("SLUICE_CACHE__ENABLED", "false")
+        .env("SLUICE_MEMPOOL__ENABLED", "false")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let addr = std::io::BufRead::lines(stdout)
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.strip_prefix("sluice listening on http://").map(|r| r.split_whitespace().next().unwrap().to_owned())
+        })
+        .expect("sluice listening");
+    let stderr = child.stderr.take().unwrap();
+    let (lines_tx, mut lines_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    // The node goes away; the failed upstream call is logged inside the request's span.
+    drop(anvil);
+    let client = reqwest::Client::new();
+    let response = client
+        .post(format!("http://{addr}"))
+        .header("x-request-id", "req-json-42")
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-request-id"], "req-json-42");
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = lines_rx.recv().await {
+            let entry: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+            assert!(entry["timestamp"].is_string() && entry["level"].is_string(), "{line}");
+            // sluice's own warning about the failed call, inside the request's span.
+            if entry["span"]["request_id"] == "req-json-42" && entry["level"] == "WARN" {
+                return entry;
+            }
+        }
+        panic!("stderr closed")
+    })
+    .await
+    .expect("a log line of the request within 10 s");
+    assert!(found["target"].as_str().is_some_and(|t| t.starts_with("sluice")), "{found}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
