@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod dev;
+pub mod dump;
 pub mod networks;
 pub mod quic;
 pub mod report;

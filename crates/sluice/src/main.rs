@@ -107,6 +107,19 @@ enum ConfigAction {
         /// The TOML file.
         file: PathBuf,
     },
+    /// Print the effective configuration (defaults, file, SLUICE_* environment, flags) as
+    /// TOML, with API keys, secrets, tokens and URL credentials redacted.
+    Dump {
+        /// TOML configuration file.
+        #[arg(long, env = "SLUICE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Address to listen on.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Upstream node URL; repeatable.
+        #[arg(long = "upstream")]
+        upstreams: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -175,6 +188,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench { action: BenchAction::Report(args) } => sluice::report::run_report(args).await,
         Command::Keygen(args) => sluice::quic::run_keygen(args),
         Command::Send(args) => sluice::quic::run_send(args).await,
+        Command::Config { action: ConfigAction::Dump { config: file, listen, upstreams } } => {
+            let config = config::load(file.as_deref(), &Overrides { listen, upstreams })?;
+            print!("{}", sluice::dump::render(&config)?);
+            Ok(())
+        }
         Command::Config { action: ConfigAction::Validate { file } } => {
             let config = config::validate_file(&file)?;
             let networks = config.networks()?;

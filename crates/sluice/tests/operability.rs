@@ -247,3 +247,49 @@ async fn json_logs_carry_the_request_id() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn config_dump_shows_every_layer_and_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sluice.toml");
+    std::fs::write(
+        &file,
+        r#"
+[[upstreams]]
+url = "https://user:pa55word@node.example/v3/0123456789abcdef0123456789abcdef"
+[access]
+redis_url = "redis://:hunter2hunter2@127.0.0.1:6379"
+[access.keys]
+sk_live_do_not_show_1 = "free"
+[access.tiers.free]
+[access.jwt]
+[[access.jwt.keys]]
+kid = "a"
+algorithm = "HS256"
+secret = "jwt-secret-do-not-show"
+[access.admin]
+listen = "127.0.0.1:8546"
+token = "admin-token-do-not-show"
+"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["config", "dump", "--config"])
+        .arg(&file)
+        .args(["--listen", "127.0.0.1:9999"])
+        .env("SLUICE_LIMITS__MAX_BATCH_LEN", "9")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dump = String::from_utf8_lossy(&out.stdout);
+    // Every layer: the file, the environment, the flag, and the defaults.
+    let parsed: toml::Value = toml::from_str(&dump).expect("the dump is TOML");
+    assert_eq!(parsed["limits"]["max_batch_len"].as_integer(), Some(9), "{dump}");
+    assert_eq!(parsed["listen"].as_str(), Some("127.0.0.1:9999"));
+    assert_eq!(parsed["access"]["admin"]["listen"].as_str(), Some("127.0.0.1:8546"));
+    assert!(parsed["cache"]["enabled"].as_bool().is_some(), "defaults are shown");
+    for secret in ["pa55word", "0123456789abcdef0123456789abcdef", "hunter2", "sk_live", "jwt-secret", "admin-token"] {
+        assert!(!dump.contains(secret), "{secret} shown:\n{dump}");
+    }
+    assert!(dump.contains("https://<redacted>:<redacted>@node.example/v3/<redacted>"), "{dump}");
+}
