@@ -23,6 +23,27 @@ struct Cli {
     command: Command,
 }
 
+/// Where the configuration comes from, besides defaults and `SLUICE_*` variables.
+#[derive(clap::Args)]
+struct Layers {
+    /// TOML configuration file.
+    #[arg(long, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:8545.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Upstream node URL (http:// or ws://); repeatable.
+    #[arg(long = "upstream")]
+    upstreams: Vec<String>,
+}
+
+impl Layers {
+    /// The configuration these layers give, validated.
+    fn load(self) -> anyhow::Result<config::Config> {
+        config::load(self.config.as_deref(), &Overrides { listen: self.listen, upstreams: self.upstreams })
+    }
+}
+
 /// How log lines are written.
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum LogFormat {
@@ -35,17 +56,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Serve JSON-RPC over HTTP and WebSocket in front of upstream nodes.
-    Serve {
-        /// TOML configuration file.
-        #[arg(long, env = "SLUICE_CONFIG")]
-        config: Option<PathBuf>,
-        /// Address to listen on, e.g. 127.0.0.1:8545.
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-        /// Upstream node URL (http:// or ws://); repeatable.
-        #[arg(long = "upstream")]
-        upstreams: Vec<String>,
-    },
+    Serve(Layers),
     /// Start a local anvil devnet and serve in front of it (stops anvil on exit).
     Dev {
         /// Address to listen on.
@@ -109,17 +120,7 @@ enum ConfigAction {
     },
     /// Print the effective configuration (defaults, file, SLUICE_* environment, flags) as
     /// TOML, with API keys, secrets, tokens and URL credentials redacted.
-    Dump {
-        /// TOML configuration file.
-        #[arg(long, env = "SLUICE_CONFIG")]
-        config: Option<PathBuf>,
-        /// Address to listen on.
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-        /// Upstream node URL; repeatable.
-        #[arg(long = "upstream")]
-        upstreams: Vec<String>,
-    },
+    Dump(Layers),
 }
 
 #[tokio::main]
@@ -142,10 +143,7 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve { config: file, listen, upstreams } => {
-            let config = config::load(file.as_deref(), &Overrides { listen, upstreams })?;
-            serve::run(config, serve::shutdown_signal()).await
-        }
+        Command::Serve(layers) => serve::run(layers.load()?, serve::shutdown_signal()).await,
         Command::Dev { listen, anvil, anvil_port, block_time, networks, quic } => {
             let anvil = dev::find_anvil(anvil.as_deref())?;
             let mut children = Vec::new();
@@ -188,9 +186,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench { action: BenchAction::Report(args) } => sluice::report::run_report(args).await,
         Command::Keygen(args) => sluice::quic::run_keygen(args),
         Command::Send(args) => sluice::quic::run_send(args).await,
-        Command::Config { action: ConfigAction::Dump { config: file, listen, upstreams } } => {
-            let config = config::load(file.as_deref(), &Overrides { listen, upstreams })?;
-            print!("{}", sluice::dump::render(&config)?);
+        Command::Config { action: ConfigAction::Dump(layers) } => {
+            print!("{}", sluice::dump::render(&layers.load()?)?);
             Ok(())
         }
         Command::Config { action: ConfigAction::Validate { file } } => {
