@@ -303,8 +303,11 @@ async fn serve_upgrade(
 }
 
 /// Ready when, on every network, an upstream answers `eth_chainId` within two seconds; the
-/// body names the networks that are not.
+/// body names the networks that are not. Not ready once shutdown has started.
 async fn ready(State(state): State<AppState>) -> Response {
+    if state.gateway.is_draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining: shutting down\n").into_response();
+    }
     let probes = state.gateway.networks().iter().map(|network| async move {
         let probe = Call::internal("eth_chainId", None);
         match tokio::time::timeout(Duration::from_secs(2), network.readiness.call(&probe)).await {

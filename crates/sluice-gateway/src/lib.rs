@@ -51,6 +51,9 @@ pub struct Limits {
     pub max_subscriptions_per_socket: usize,
     /// Time given to in-flight requests on shutdown.
     pub shutdown_grace: Duration,
+    /// On shutdown, how long to keep serving with `/ready` answering 503 before the listener
+    /// closes, so that load balancers (Kubernetes endpoints) stop sending first.
+    pub drain_delay: Duration,
 }
 
 impl Default for Limits {
@@ -63,6 +66,7 @@ impl Default for Limits {
             max_in_flight: 8_192,
             max_subscriptions_per_socket: 256,
             shutdown_grace: Duration::from_secs(10),
+            drain_delay: Duration::ZERO,
         }
     }
 }
@@ -92,9 +96,21 @@ pub struct Gateway {
     pub sessions: Arc<tokio::sync::Semaphore>,
     /// What `/status` shows besides the networks (process-wide parts: the mesh).
     status: StatusBoard,
+    /// Set when shutdown starts: `/ready` answers 503 from then on.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Gateway {
+    /// Marks the gateway as shutting down: `/ready` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// True once shutdown has started.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Access control, when on.
     pub fn access(&self) -> Option<&AccessControl> {
         self.shared.access()
@@ -301,6 +317,7 @@ impl GatewayBuilder {
             limits: self.limits,
             metrics: telemetry::prometheus(),
             status: self.status,
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }

@@ -11,8 +11,9 @@ use tokio::sync::{watch, Semaphore};
 use crate::network::Target;
 use crate::{http, Gateway};
 
-/// Serves `gateway` on `listener` until `shutdown` resolves, then stops accepting, closes
-/// WebSocket sessions and gives in-flight requests `limits.shutdown_grace` to finish.
+/// Serves `gateway` on `listener` until `shutdown` resolves; then `/ready` answers 503 and,
+/// after `limits.drain_delay`, sluice stops accepting, closes WebSocket sessions and gives
+/// in-flight requests `limits.shutdown_grace` to finish.
 pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl Future<Output = ()>) {
     let limits = gateway.limits.clone();
     let upkeep = crate::telemetry::spawn_upkeep(gateway.metrics.clone());
@@ -22,6 +23,14 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
     // Slow or silent clients: headers must arrive within the client timeout.
     builder.timer(TokioTimer::new()).header_read_timeout(limits.client_timeout).keep_alive(true);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
+    // Shutdown starts with `/ready` at 503; the listener stays open for `drain_delay` so that
+    // load balancers see it and stop sending before connections are refused.
+    let shutdown = async {
+        shutdown.await;
+        gateway.start_draining();
+        tracing::info!(delay = ?limits.drain_delay, "shutting down: not ready; draining");
+        tokio::time::sleep(limits.drain_delay).await;
+    };
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {

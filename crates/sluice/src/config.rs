@@ -424,6 +424,10 @@ pub struct LimitsConfig {
     /// Time given to in-flight requests on shutdown.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// On shutdown (SIGTERM), how long to go on serving with `/ready` at 503 before the
+    /// listener closes (Kubernetes: a few seconds, so endpoints are updated first).
+    #[serde(with = "humantime_serde")]
+    pub drain_delay: Duration,
 }
 
 impl Default for LimitsConfig {
@@ -437,6 +441,7 @@ impl Default for LimitsConfig {
             max_in_flight: d.max_in_flight,
             max_subscriptions_per_socket: d.max_subscriptions_per_socket,
             shutdown_grace: d.shutdown_grace,
+            drain_delay: d.drain_delay,
         }
     }
 }
@@ -451,6 +456,7 @@ impl From<&LimitsConfig> for sluice_gateway::Limits {
             max_in_flight: c.max_in_flight,
             max_subscriptions_per_socket: c.max_subscriptions_per_socket,
             shutdown_grace: c.shutdown_grace,
+            drain_delay: c.drain_delay,
         }
     }
 }

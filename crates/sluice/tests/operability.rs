@@ -92,6 +92,37 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
     assert!(std::net::TcpStream::connect(&sluice.addr).is_err(), "no longer listening");
 }
 
+#[tokio::test]
+async fn on_sigterm_ready_turns_503_while_requests_are_still_served() {
+    let anvil = sluice_testkit::Anvil::spawn();
+    let delay = Duration::from_millis(1500);
+    let env = [("SLUICE_LIMITS__DRAIN_DELAY", "1500ms")];
+    let mut sluice =
+        Sluice::spawn_env(BIN, &["serve", "--listen", "127.0.0.1:0", "--upstream", &anvil.http_url()], &env);
+    let client = reqwest::Client::new();
+    let base = sluice.http_url();
+    let status = |path: &'static str| {
+        let (client, base) = (client.clone(), base.clone());
+        async move { client.get(format!("{base}{path}")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+    };
+    common::eventually(Duration::from_secs(5), "ready before the signal", || async { status("/ready").await == 200 })
+        .await;
+    let started = Instant::now();
+    sluice.terminate();
+    common::eventually(Duration::from_secs(1), "/ready answers 503 once the drain starts", || async {
+        status("/ready").await == 503
+    })
+    .await;
+    assert!(started.elapsed() < delay, "seen within the drain delay");
+    // Still alive and serving while load balancers catch up.
+    assert_eq!(status("/health").await, 200);
+    let (code, answer) = post(&client, &base, r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#).await;
+    assert_eq!((code, answer["result"].as_str()), (200, Some("0x7a69")));
+    let exit = tokio::task::spawn_blocking(move || (sluice.wait_exit(Duration::from_secs(10)), sluice)).await.unwrap();
+    assert!(exit.0.expect("exited").success());
+    assert!(started.elapsed() >= delay, "not before the drain delay: {:?}", started.elapsed());
+}
+
 #[test]
 fn config_validate_names_the_bad_key() {
     let dir = tempfile::tempdir().unwrap();
