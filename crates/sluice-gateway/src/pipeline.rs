@@ -300,9 +300,15 @@ impl Pipeline {
         let mut ids: Vec<Option<Id>> = Vec::with_capacity(items.len());
         let mut calls: Vec<(usize, Call)> = Vec::new();
         for (i, item) in items.into_iter().enumerate() {
-            // A key's or token's scope: checked only for calls the policy lets through.
-            let out_of_scope = match (&item, edge.caller) {
-                (Ok(req), Some(c)) if policy.permits(&req.method) => crate::scope::admit(&c.scope, req).err(),
+            // Why a parsed call is refused here: the method policy, then the key's or token's scope.
+            let refusal = match (&item, edge.caller) {
+                (Ok(req), _) if !policy.permits(&req.method) => Some(ErrorObject::new(
+                    codes::METHOD_NOT_FOUND,
+                    format!("the method {} is not allowed here", req.method),
+                )),
+                (Ok(req), Some(c)) => crate::scope::admit(&c.scope, req)
+                    .err()
+                    .map(|why| ErrorObject::new(codes::INVALID_REQUEST, format!("forbidden: {why}"))),
                 _ => None,
             };
             match item {
@@ -311,20 +317,9 @@ impl Pipeline {
                     slots[i] = Some(Outcome::error(&e));
                     ids.push(Some(id));
                 }
-                Ok(req) if !policy.permits(&req.method) => {
+                Ok(req) if refusal.is_some() => {
                     telemetry::count_call(&self.network, &req.method, "denied");
-                    let e = ErrorObject::new(
-                        codes::METHOD_NOT_FOUND,
-                        format!("the method {} is not allowed here", req.method),
-                    );
-                    slots[i] = Some(Outcome::error(&e));
-                    ids.push(req.id);
-                }
-                Ok(req) if out_of_scope.is_some() => {
-                    telemetry::count_call(&self.network, &req.method, "denied");
-                    let why = out_of_scope.unwrap_or_default();
-                    let e = ErrorObject::new(codes::INVALID_REQUEST, format!("forbidden: {why}"));
-                    slots[i] = Some(Outcome::error(&e));
+                    slots[i] = refusal.as_ref().map(Outcome::error);
                     ids.push(req.id);
                 }
                 Ok(req) => match route(&req.method) {
