@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what sluice's tests and `sluice dev` need, only when missing:
 #   - anvil and cast (pinned Foundry npm packages) into the git-ignored .tools/ folder;
-#   - node/npm and redis-server from Debian when the machine has none (needs root, as on CI).
+#   - cargo-deb (pinned) into cargo's bin folder;
+#   - node/npm, redis-server and prometheus (with promtool) from Debian when the machine has none (needs root, as on CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +25,16 @@ apt_install() {
 
 command -v npm >/dev/null 2>&1 || apt_install nodejs npm
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+# Prometheus and promtool, for the tests of the dashboard and rules in deploy/ (not its exporters).
+command -v promtool >/dev/null 2>&1 || apt_install --no-install-recommends prometheus
+
+# cargo-deb, pinned, for the Debian package and its test (crates/sluice/tests/package.rs).
+CARGO_DEB_VERSION=3.8.0
+if ! cargo deb --version 2>/dev/null | grep -q "$CARGO_DEB_VERSION"; then
+  echo "install-tools: installing cargo-deb $CARGO_DEB_VERSION"
+  cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --no-default-features --quiet
+fi
+command -v adduser >/dev/null 2>&1 || apt_install adduser
 
 installed_version() { "$1" --version 2>/dev/null | grep -o "$FOUNDRY_VERSION" | head -n1; }
 if [ ! -x "$ANVIL" ] || [ ! -x "$CAST" ] || [ "$(installed_version "$ANVIL")" != "$FOUNDRY_VERSION" ]; then

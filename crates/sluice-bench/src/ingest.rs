@@ -56,6 +56,7 @@ pub async fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rate > 0.0 && args.senders > 0, "--rate and --senders must be more than zero");
     let node = HttpUpstream::new(HttpUpstreamConfig {
         name: "ingest".into(),
+        network: "bench".into(),
         url: args.url.clone(),
         timeout: args.timeout,
         max_response_bytes: 64 << 20,
@@ -139,6 +140,7 @@ async fn fund(node: &HttpUpstream, wallets: &[Wallet]) -> anyhow::Result<()> {
 pub(crate) async fn fund_at(url: &str, wallets: &[Wallet]) -> anyhow::Result<()> {
     let node = HttpUpstream::new(HttpUpstreamConfig {
         name: "fund".into(),
+        network: "bench".into(),
         url: url.to_string(),
         timeout: Duration::from_secs(30),
         max_response_bytes: 64 << 20,

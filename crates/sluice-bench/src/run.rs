@@ -62,6 +62,7 @@ impl Client {
         } else {
             let config = HttpUpstreamConfig {
                 name: "bench".into(),
+                network: "bench".into(),
                 url: plan.url.clone(),
                 timeout: plan.timeout,
                 max_response_bytes: 256 << 20,

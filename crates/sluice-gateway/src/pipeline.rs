@@ -357,7 +357,10 @@ impl Pipeline {
             for ((i, call), result) in calls.iter().zip(results) {
                 telemetry::count_call(&self.network, call.method(), outcome_label(&result));
                 let (outcome, source) = match result {
-                    Ok(Answer { outcome, source }) => (outcome, source),
+                    Ok(Answer { outcome, source }) => {
+                        telemetry::count_served(&self.network, call.method(), source.as_str());
+                        (outcome, source)
+                    }
                     Err(e) => (Outcome::error(&e.to_error_object()), Source::Upstream),
                 };
                 served_by = ServedBy::join(served_by, source);

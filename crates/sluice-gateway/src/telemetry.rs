@@ -3,9 +3,11 @@
 //! Metric names:
 //! * `sluice_requests_total{network, method, outcome}`: calls by network, method and outcome (`ok`, `rpc_error`,
 //!   `invalid`, `parse_error`, `denied` by the method policy, or an upstream failure kind such as `timeout`).
+//! * `sluice_served_total{network, method, source}`: answered calls by what produced the answer
+//!   (`upstream`, `local`, `cache-memory`, `cache-redis`, `coalesced`).
 //! * `sluice_request_duration_seconds{transport}`: time to answer an HTTP body or WS message.
 //! * `sluice_requests_in_flight{transport}`: bodies being answered now.
-//! * `sluice_upstream_calls_total{upstream, outcome}` and `sluice_upstream_call_duration_seconds`
+//! * `sluice_upstream_calls_total{network, upstream, outcome}` and `sluice_upstream_call_duration_seconds`
 //!   come from `sluice-upstream`.
 
 use std::sync::OnceLock;
@@ -27,7 +29,10 @@ pub fn prometheus() -> PrometheusHandle {
             };
             // Another recorder may already be installed (an embedding program): then keep an
             // uninstalled one so /metrics still answers, empty.
-            builder().install_recorder().unwrap_or_else(|_| builder().build_recorder().handle())
+            let handle = builder().install_recorder().unwrap_or_else(|_| builder().build_recorder().handle());
+            // Series a dashboard shows before their first event.
+            metrics::gauge!("sluice_websocket_sessions").increment(0.0);
+            handle
         })
         .clone()
 }
@@ -133,6 +138,30 @@ pub fn count_call(network: &std::sync::Arc<str>, method: &str, outcome: &'static
             .or_insert_with(|| {
                 let network = network.to_string();
                 metrics::counter!("sluice_requests_total", "network" => network, "method" => label, "outcome" => outcome)
+            })
+            .increment(1);
+    });
+}
+
+thread_local! {
+    /// Counter handles by (network, method label, source), as for [`count_call`].
+    static SERVED: std::cell::RefCell<std::collections::HashMap<(usize, usize, usize), metrics::Counter>> =
+        std::cell::RefCell::default();
+}
+
+/// Counts one call answered by the layers on `network`, by what produced the answer
+/// (`upstream`, `local`, `cache-memory`, `cache-redis`, `coalesced`): the dashboard's cache hit
+/// ratio by method.
+pub fn count_served(network: &std::sync::Arc<str>, method: &str, source: &'static str) {
+    let label = method_label(method);
+    let key = (network.as_ptr() as usize, label.as_ptr() as usize, source.as_ptr() as usize);
+    SERVED.with(|served| {
+        served
+            .borrow_mut()
+            .entry(key)
+            .or_insert_with(|| {
+                let network = network.to_string();
+                metrics::counter!("sluice_served_total", "network" => network, "method" => label, "source" => source)
             })
             .increment(1);
     });

@@ -207,6 +207,7 @@ impl Mesh {
         chains: Vec<ChainPool>,
     ) -> Result<Mesh, MeshError> {
         let first_chain = chains.first().map(|c| c.chain_id).ok_or_else(|| MeshError::Config("no pool".into()))?;
+        register_metrics();
         let outbox_config = config.outbox();
         // Our sends to a peer are capped below this, and so are a well-behaved peer's to us.
         let streams = outbox_config.max_in_flight * 2 + 32;
@@ -823,4 +824,24 @@ impl Node {
             broadcasts_refused: 0,
         }
     }
+}
+
+/// Registers the mesh's counters at zero, so that dashboards and alerts see them before the
+/// first send, failure or ban.
+fn register_metrics() {
+    for name in [
+        "sluice_mesh_sends_total",
+        "sluice_mesh_send_failures_total",
+        "sluice_mesh_inbound_failures_total",
+        "sluice_mesh_malformed_total",
+        "sluice_mesh_bans_total",
+        "sluice_mesh_peer_refused_total",
+        "sluice_mesh_broadcasts_refused_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for outcome in ["acked", "skipped", "failed"] {
+        metrics::counter!("sluice_mesh_messages_total", "outcome" => outcome).increment(0);
+    }
+    metrics::gauge!("sluice_mesh_peers_connected").set(0.0);
 }

@@ -160,6 +160,10 @@ impl Mempool {
             }
             None => (None, Vec::new()),
         };
+        // Registered at zero, so that dashboards and alerts see them before the first event.
+        for name in ["sluice_mempool_accepted_total", "sluice_mempool_journal_errors_total"] {
+            metrics::counter!(name, "network" => config.network.clone()).increment(0);
+        }
         let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
         let statuses = Statuses::new(config.status_capacity);
         let (relay_tx, relay_rx) = tokio::sync::mpsc::unbounded_channel();

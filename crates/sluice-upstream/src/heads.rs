@@ -30,6 +30,8 @@ pub struct HeadConfig {
     pub resubscribe_every: Duration,
     /// Deadline for connecting and subscribing.
     pub timeout: Duration,
+    /// The network followed: the `network` label of the head and reorg metrics.
+    pub network: String,
 }
 
 impl Default for HeadConfig {
@@ -39,6 +41,7 @@ impl Default for HeadConfig {
             poll_interval: Duration::from_secs(1),
             resubscribe_every: Duration::from_secs(5),
             timeout: Duration::from_secs(10),
+            network: "default".to_owned(),
         }
     }
 }
@@ -196,11 +199,11 @@ impl Watcher {
         self.view_tx.send_replace(view);
         if let Some(fork_point) = fork_point {
             tracing::info!(fork_point, "reorg");
-            metrics::counter!("sluice_chain_reorgs_total").increment(1);
+            metrics::counter!("sluice_chain_reorgs_total", "network" => self.config.network.clone()).increment(1);
             let _ = self.events.send(ChainEvent::Reorg { fork_point });
         }
         if let Some(latest) = latest {
-            metrics::gauge!("sluice_chain_head").set(latest as f64);
+            metrics::gauge!("sluice_chain_head", "network" => self.config.network.clone()).set(latest as f64);
             let _ = self.events.send(ChainEvent::NewHead(latest));
         }
     }

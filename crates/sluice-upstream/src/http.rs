@@ -19,6 +19,8 @@ use crate::{Answer, Node, UpstreamError};
 pub struct HttpUpstreamConfig {
     /// A short name for logs and metrics.
     pub name: String,
+    /// The network this node serves (the `network` label of its metrics).
+    pub network: String,
     /// The node's `http://` or `https://` URL.
     pub url: String,
     /// Deadline for one call, from sending to the last byte of the answer.
@@ -115,13 +117,17 @@ impl HttpUpstream {
 
     fn record(&self, started: Instant, outcome: &'static str) {
         let handles = self.metrics.get_or_init(|| {
-            let name = self.config.name.clone();
+            let (name, network) = (self.config.name.clone(), self.config.network.clone());
             Handles {
                 calls: OUTCOMES
                     .iter()
-                    .map(|&o| metrics::counter!("sluice_upstream_calls_total", "upstream" => name.clone(), "outcome" => o))
+                    .map(|&o| {
+                        metrics::counter!("sluice_upstream_calls_total", "network" => network.clone(),
+                            "upstream" => name.clone(), "outcome" => o)
+                    })
                     .collect(),
-                duration: metrics::histogram!("sluice_upstream_call_duration_seconds", "upstream" => name),
+                duration: metrics::histogram!("sluice_upstream_call_duration_seconds", "network" => network,
+                    "upstream" => name),
             }
         });
         let index = OUTCOMES.iter().position(|&o| o == outcome).unwrap_or(0);

@@ -285,6 +285,7 @@ impl TryFrom<&PoolSection> for sluice_upstream::pool::PoolConfig {
             hedge_max_extra: p.hedge_max_extra,
             method_timeouts: p.method_timeouts()?,
             max_batch: p.max_batch,
+            network: "default".to_owned(),
         })
     }
 }

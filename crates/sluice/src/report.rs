@@ -129,6 +129,7 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
     let anvil = format!("http://127.0.0.1:{port}");
     let node = HttpUpstream::new(HttpUpstreamConfig {
         name: "report".into(),
+        network: "bench".into(),
         url: anvil.clone(),
         timeout: Duration::from_secs(30),
         max_response_bytes: 64 << 20,

@@ -57,7 +57,8 @@ impl Stack {
                 daily_quota: c.daily_quota,
             })
             .collect();
-        let pool_config = PoolConfig::try_from(&net.pool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        let mut pool_config = PoolConfig::try_from(&net.pool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        pool_config.network = net.id.clone();
         let pool = Pool::new(members, pool_config);
         let mut status = StatusBoard::default();
         let pool_status = pool.clone();
@@ -66,8 +67,12 @@ impl Stack {
         // One head feed for the cache and the mempool, when either is on.
         let feed = (net.cache.enabled || net.mempool.enabled).then(|| {
             let cache = &net.cache;
-            let heads =
-                HeadConfig { window: cache.window, poll_interval: cache.poll_interval, ..HeadConfig::default() };
+            let heads = HeadConfig {
+                window: cache.window,
+                poll_interval: cache.poll_interval,
+                network: net.id.clone(),
+                ..HeadConfig::default()
+            };
             spawn_head_watcher(upstream.clone(), Some(ws_url.clone()), heads)
         });
         // The layers, bottom up: pool ← coalescing ← cache ← eth_getLogs splitting ← mempool.
@@ -141,6 +146,7 @@ fn clients(config: &NetworkConfig) -> anyhow::Result<(Vec<HttpUpstream>, Vec<cra
         clients.push(
             HttpUpstream::new(HttpUpstreamConfig {
                 name: name.clone(),
+                network: config.id.clone(),
                 url: http_url,
                 timeout: upstream.timeout,
                 max_response_bytes: upstream.max_response_bytes,

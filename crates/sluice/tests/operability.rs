@@ -26,8 +26,12 @@ async fn health_ready_and_metrics() {
         metric(&net.client, &base, r#"sluice_requests_total{network="default",method="none",outcome="parse_error"} "#)
             .await;
     assert_eq!(bad, Some(1.0));
-    let upstream =
-        metric(&net.client, &base, r#"sluice_upstream_calls_total{upstream="upstream-0",outcome="ok"} "#).await;
+    let upstream = metric(
+        &net.client,
+        &base,
+        r#"sluice_upstream_calls_total{network="default",upstream="upstream-0",outcome="ok"} "#,
+    )
+    .await;
     assert!(upstream >= Some(2.0), "{upstream:?}"); // the call above and the readiness probe
     assert!(
         metric(&net.client, &base, r#"sluice_request_duration_seconds_count{transport="http"} "#).await >= Some(2.0)

@@ -83,6 +83,11 @@ impl DailyQuota {
         }
     }
 
+    /// Requests allowed per day.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// Requests left today.
     pub fn left(&mut self, now: SystemTime) -> u64 {
         self.roll(now);

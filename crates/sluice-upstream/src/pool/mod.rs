@@ -64,6 +64,8 @@ pub struct PoolConfig {
     pub method_timeouts: Vec<(String, Duration)>,
     /// Most calls in one JSON-RPC batch to a member; longer groups are split.
     pub max_batch: usize,
+    /// The network the pool serves: the `network` label of the members' gauges.
+    pub network: String,
 }
 
 impl Default for PoolConfig {
@@ -79,6 +81,7 @@ impl Default for PoolConfig {
             hedge_max_extra: 0.1,
             method_timeouts: Vec::new(),
             max_batch: 100,
+            network: "default".to_owned(),
         }
     }
 }
@@ -201,6 +204,15 @@ impl<N: Node> Pool<N> {
     /// Builds the pool and starts its prober.
     pub fn new(members: Vec<MemberConfig<N>>, config: PoolConfig) -> Arc<Self> {
         let pool = Arc::new(Self::without_prober(members, config));
+        // Registered at zero, so that dashboards and alerts see the series before the first event.
+        for name in [
+            "sluice_pool_retries_total",
+            "sluice_pool_hedges_total",
+            "sluice_pool_hedge_wins_total",
+            "sluice_pool_batch_splits_total",
+        ] {
+            metrics::counter!(name).increment(0);
+        }
         tokio::spawn(probe::run(Arc::downgrade(&pool)));
         pool
     }

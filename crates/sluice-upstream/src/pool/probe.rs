@@ -32,6 +32,44 @@ pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>) {
         let Some(pool) = pool.upgrade() else { return };
         let probes = (0..pool.members.len()).map(|i| probe_one(&pool, i, &request));
         futures_util::future::join_all(probes).await;
+        publish(&pool);
+    }
+}
+
+/// Sets each member's gauges (what `/status` shows), once per probe round, so that a dashboard
+/// sees score, lag, circuit and budgets move without anyone polling `/status`.
+fn publish<N: Node>(pool: &Pool<N>) {
+    let now = Instant::now();
+    let best = pool.best_head();
+    for m in &pool.members {
+        let labels = [("network", pool.config.network.clone()), ("upstream", m.node.name().to_owned())];
+        let mut s = m.state();
+        let open = s.breaker.state(now) != Circuit::Closed;
+        metrics::gauge!("sluice_upstream_circuit_open", &labels).set(open as u8 as f64);
+        if let Some(head) = s.health.head {
+            metrics::gauge!("sluice_upstream_head", &labels).set(head as f64);
+        }
+        if let Some(lag) = s.health.lag(best) {
+            metrics::gauge!("sluice_upstream_lag_blocks", &labels).set(lag as f64);
+        }
+        metrics::gauge!("sluice_upstream_score", &labels).set(s.health.score(m.weight));
+        metrics::gauge!("sluice_upstream_error_rate", &labels).set(s.health.error_rate);
+        metrics::gauge!("sluice_upstream_in_flight", &labels).set(s.health.in_flight as f64);
+        let (network, upstream) = (labels[0].1.clone(), labels[1].1.clone());
+        if let Some(left) = s.rate.as_mut().map(|r| r.left(now)) {
+            metrics::gauge!("sluice_upstream_budget_left", "network" => network.clone(),
+                "upstream" => upstream.clone(), "budget" => "rate")
+            .set(left as f64);
+        }
+        if let Some(quota) = s.quota.as_mut() {
+            let left = quota.left(std::time::SystemTime::now());
+            metrics::gauge!("sluice_upstream_budget_left", "network" => network.clone(),
+                "upstream" => upstream.clone(), "budget" => "daily")
+            .set(left as f64);
+            metrics::gauge!("sluice_upstream_budget_size", "network" => network, "upstream" => upstream,
+                "budget" => "daily")
+            .set(quota.limit() as f64);
+        }
     }
 }
 
@@ -54,12 +92,5 @@ async fn probe_one<N: Node>(pool: &Pool<N>, i: usize, request: &Request) {
     };
     if let Some((number, hash)) = &head {
         pool.set_head(i, *number, Some(hash));
-    }
-    let name = member.node.name().to_owned();
-    let circuit = member.state().breaker.state(Instant::now());
-    metrics::gauge!("sluice_upstream_circuit_open", "upstream" => name.clone())
-        .set((circuit != Circuit::Closed) as u8 as f64);
-    if let Some((number, _)) = head {
-        metrics::gauge!("sluice_upstream_head", "upstream" => name).set(number as f64);
     }
 }
