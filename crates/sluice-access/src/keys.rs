@@ -78,7 +78,8 @@ struct Directory {
 
 /// Every accepted key.
 pub struct KeyBook {
-    configured: Vec<(KeyHash, Arc<Entry>)>,
+    /// The keys of the configuration file (replaced on reload).
+    configured: Mutex<Vec<(KeyHash, Arc<Entry>)>>,
     current: ArcSwap<Directory>,
     /// The managed keys last loaded, by id (what the store holds).
     managed: Mutex<HashMap<String, KeyRecord>>,
@@ -91,22 +92,34 @@ fn entry(id: String, spec: KeySpec, source: Source, created_ms: Option<u64>) -> 
     Ok(Entry { id, spec, scope, ips, source, created_ms })
 }
 
+/// The configuration file's keys as book entries (already validated).
+pub fn configured(keys: impl IntoIterator<Item = (String, KeySpec)>) -> Result<Vec<(KeyHash, Arc<Entry>)>, String> {
+    let mut list = Vec::new();
+    for (key, spec) in keys {
+        let hash = hash_key(&key);
+        list.push((hash, Arc::new(entry(key_id(&hash), spec, Source::Config, None)?)));
+    }
+    Ok(list)
+}
+
 impl KeyBook {
     /// A book of the configured keys (already validated).
     pub fn new(configured: impl IntoIterator<Item = (String, KeySpec)>) -> Result<Self, String> {
-        let mut list = Vec::new();
-        for (key, spec) in configured {
-            let hash = hash_key(&key);
-            list.push((hash, Arc::new(entry(key_id(&hash), spec, Source::Config, None)?)));
-        }
         let book = Self {
-            configured: list,
+            configured: Mutex::new(self::configured(configured)?),
             current: ArcSwap::default(),
             managed: Mutex::default(),
             generation: watch::Sender::new(0),
         };
         book.rebuild(&HashMap::new());
         Ok(book)
+    }
+
+    /// Replaces the configured keys (a reload); managed ones stay.
+    pub fn replace_configured(&self, configured: Vec<(KeyHash, Arc<Entry>)>) {
+        let managed = self.managed.lock().unwrap_or_else(|e| e.into_inner());
+        *self.configured.lock().unwrap_or_else(|e| e.into_inner()) = configured;
+        self.rebuild(&managed);
     }
 
     /// The entry of a presented key.
@@ -174,7 +187,7 @@ impl KeyBook {
 
     fn rebuild(&self, managed: &HashMap<String, KeyRecord>) {
         let mut directory = Directory::default();
-        for (hash, e) in &self.configured {
+        for (hash, e) in self.configured.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             directory.by_hash.insert(*hash, e.clone());
             directory.by_id.insert(e.id.clone(), e.clone());
         }

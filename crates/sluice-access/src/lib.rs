@@ -32,6 +32,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use arc_swap::ArcSwap;
+
 pub use config::{AccessConfig, AdminConfig, KeyEntry, KeySpec, Tier};
 pub use redis_limiter::RedisLimiter;
 
@@ -111,16 +113,33 @@ pub fn now_ms() -> u64 {
 
 /// Keys, tokens, tiers, address rules, the quota store and usage.
 pub struct Access {
-    config: AccessConfig,
+    /// What a reload replaces: tiers, rules, tokens. Readers never wait for a reload.
+    rules: ArcSwap<Rules>,
     store: Store,
-    jwt: Option<jwt::Jwt>,
     book: Arc<KeyBook>,
     keys: Arc<KeyStore>,
     usage: Arc<Usage>,
-    ips: IpRules,
-    tier_ips: HashMap<String, IpRules>,
     /// Serialises key changes made through this process (the file store writes whole).
     writes: tokio::sync::Mutex<()>,
+}
+
+/// The parts of the configuration a reload may change, ready to use.
+struct Rules {
+    config: AccessConfig,
+    tiers: HashMap<String, Arc<Tier>>,
+    jwt: Option<jwt::Jwt>,
+    ips: IpRules,
+    tier_ips: HashMap<String, IpRules>,
+}
+
+impl Rules {
+    fn new(config: AccessConfig) -> Result<Self, String> {
+        let jwt = config.jwt.as_ref().map(jwt::Jwt::new).transpose()?;
+        let ips = IpRules::new(&config.allow_ips, &config.deny_ips);
+        let tier_ips = config.tiers.iter().map(|(n, t)| (n.clone(), IpRules::new(&t.allow_ips, &t.deny_ips))).collect();
+        let tiers = config.tiers.iter().map(|(n, t)| (n.clone(), Arc::new(t.clone()))).collect();
+        Ok(Self { config, tiers, jwt, ips, tier_ips })
+    }
 }
 
 enum Store {
@@ -144,7 +163,6 @@ impl Access {
             Some(url) => Store::Redis(RedisLimiter::new(url, config.fail_open)?),
             None => Store::Memory(Mutex::new(HashMap::new())),
         };
-        let jwt = config.jwt.as_ref().map(jwt::Jwt::new).transpose()?;
         let book = Arc::new(KeyBook::new(config.keys.iter().map(|(k, e)| (k.clone(), e.spec())))?);
         let keys = match (&config.redis_url, &config.admin) {
             (Some(url), _) => KeyStore::Redis(store::RedisKeys::new(url)?),
@@ -152,19 +170,32 @@ impl Access {
             (None, None) => KeyStore::Memory,
         };
         let usage = Arc::new(Usage::new(config.redis_url.as_deref(), config.tiers.keys().map(String::as_str))?);
-        let ips = IpRules::new(&config.allow_ips, &config.deny_ips);
-        let tier_ips = config.tiers.iter().map(|(n, t)| (n.clone(), IpRules::new(&t.allow_ips, &t.deny_ips))).collect();
         Ok(Self {
-            config,
+            rules: ArcSwap::from_pointee(Rules::new(config)?),
             store,
-            jwt,
             book,
             keys: Arc::new(keys),
             usage,
-            ips,
-            tier_ips,
             writes: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Takes a new configuration while serving (SIGHUP): tiers, the configured keys, address
+    /// rules, tokens and the anonymous tier change at once; quotas already spent, managed
+    /// keys and usage stay. Where quotas and keys are stored (`redis_url`, `fail_open`,
+    /// `admin`) needs a restart: such a change is refused and nothing changes.
+    pub fn reload(&self, config: AccessConfig) -> Result<(), String> {
+        config.validate()?;
+        let old = self.rules.load();
+        let stores = |c: &AccessConfig| serde_json::json!({ "redis_url": c.redis_url, "fail_open": c.fail_open, "admin": c.admin });
+        if stores(&old.config) != stores(&config) {
+            return Err("access.redis_url, access.fail_open and access.admin need a restart to change".into());
+        }
+        let configured = keys::configured(config.keys.iter().map(|(k, e)| (k.clone(), e.spec())))?;
+        let rules = Rules::new(config)?;
+        self.rules.store(Arc::new(rules));
+        self.book.replace_configured(configured);
+        Ok(())
     }
 
     /// Reads the managed keys, then keeps them in step with the store (Redis) and flushes
@@ -185,27 +216,28 @@ impl Access {
         Ok(())
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &AccessConfig {
-        &self.config
+    /// The configuration in force.
+    pub fn config(&self) -> AccessConfig {
+        self.rules.load().config.clone()
     }
 
     /// The client's address: the socket's peer, or what a trusted proxy forwarded.
     pub fn client_ip(&self, peer: IpAddr, x_forwarded_for: Option<&str>, forwarded: Option<&str>) -> IpAddr {
-        ip::client_ip(peer, x_forwarded_for, forwarded, &self.config.trusted_proxies)
+        ip::client_ip(peer, x_forwarded_for, forwarded, &self.rules.load().config.trusted_proxies)
     }
 
     /// Who is calling, from what it presents; refused (401, or 403 for addresses) otherwise.
     pub fn identify(&self, credentials: Credentials<'_>) -> Result<Caller, Refusal> {
         let ip = credentials.client_ip;
-        if !self.ips.permits(ip) {
+        let rules = self.rules.load();
+        if !rules.ips.permits(ip) {
             return Err(Refusal::Forbidden(format!("calls from {} are not accepted here", shown(ip))));
         }
         let caller = match credentials.key {
-            Some(token) if self.jwt.is_some() && jwt::looks_like_jwt(token) => {
-                let grant = self.jwt.as_ref().map_or(Err(jwt::TokenError::Malformed), |j| j.check(token, now_ms()));
+            Some(token) if rules.jwt.is_some() && jwt::looks_like_jwt(token) => {
+                let grant = rules.jwt.as_ref().map_or(Err(jwt::TokenError::Malformed), |j| j.check(token, now_ms()));
                 let grant = grant.map_err(|e| Refusal::Unauthorized(e.to_string()))?;
-                if !self.config.tiers.contains_key(&grant.tier) {
+                if !rules.tiers.contains_key(&grant.tier) {
                     return Err(Refusal::Unauthorized(format!("token claim tier {:?} is not a tier here", grant.tier)));
                 }
                 Caller {
@@ -221,7 +253,7 @@ impl Access {
                 let entry = self.book.lookup(key).ok_or_else(|| Refusal::Unauthorized("unknown API key".into()))?;
                 self.caller_of(&entry, ip)?
             }
-            None => match &self.config.anonymous {
+            None => match &rules.config.anonymous {
                 Some(tier) => Caller {
                     id: "anonymous".into(),
                     tier: tier.clone(),
@@ -233,7 +265,7 @@ impl Access {
                 None => return Err(Refusal::Unauthorized("an API key is required".into())),
             },
         };
-        if self.tier_ips.get(&caller.tier).is_some_and(|rules| !rules.permits(ip)) {
+        if rules.tier_ips.get(&caller.tier).is_some_and(|rules| !rules.permits(ip)) {
             return Err(Refusal::Forbidden(format!("this tier may not be used from {}", shown(ip))));
         }
         Ok(caller)
@@ -273,9 +305,21 @@ impl Access {
         self.book.changes()
     }
 
-    /// The caller's tier.
-    pub fn tier(&self, caller: &Caller) -> Option<&Tier> {
-        self.config.tiers.get(&caller.tier)
+    /// The caller's tier, as configured now.
+    pub fn tier(&self, caller: &Caller) -> Option<Arc<Tier>> {
+        self.rules.load().tiers.get(&caller.tier).cloned()
+    }
+
+    /// True when `name` is a tier now.
+    pub fn has_tier(&self, name: &str) -> bool {
+        self.rules.load().tiers.contains_key(name)
+    }
+
+    /// The tiers' names now, sorted.
+    pub fn tier_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.rules.load().tiers.keys().cloned().collect();
+        names.sort_unstable();
+        names
     }
 
     /// Refuses `caller` on a network its tier or its key's scope does not list.

@@ -91,9 +91,8 @@ impl Access {
         if spec.tier.is_empty() {
             return Err(ManageError::Invalid("tier: missing".into()));
         }
-        if !self.config.tiers.contains_key(&spec.tier) {
-            let mut known: Vec<&str> = self.config.tiers.keys().map(String::as_str).collect();
-            known.sort_unstable();
+        if !self.has_tier(&spec.tier) {
+            let known = self.tier_names();
             return Err(ManageError::Invalid(format!(
                 "tier: {:?} is not defined (tiers: {})",
                 spec.tier,

@@ -100,9 +100,16 @@ impl Usage {
     /// Counts one request of `calls` (method and cost each) by `caller` of `tier` on `day`.
     pub fn record(&self, caller: &str, tier: &str, day: u64, calls: &[(&str, u32)]) {
         let units: u64 = calls.iter().map(|(_, c)| u64::from(*c)).sum();
-        if let Some((c, u)) = self.counters.get(tier) {
-            c.increment(calls.len() as u64);
-            u.increment(units);
+        match self.counters.get(tier) {
+            Some((c, u)) => {
+                c.increment(calls.len() as u64);
+                u.increment(units);
+            }
+            // A tier added by a reload: registered on use.
+            None => {
+                metrics::counter!("sluice_access_calls_total", "tier" => tier.to_owned()).increment(calls.len() as u64);
+                metrics::counter!("sluice_access_units_total", "tier" => tier.to_owned()).increment(units);
+            }
         }
         let mut days = self.days.lock().unwrap_or_else(|e| e.into_inner());
         if days.get(caller).is_none_or(|d| !d.contains_key(&day)) {

@@ -101,6 +101,11 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Puts new method policies in force on every network (a reload); open connections stay.
+    pub fn set_policies(&self, policies: policy::Policies) {
+        self.shared.set_policies(policies);
+    }
+
     /// Marks the gateway as shutting down: `/ready` answers 503 from now on.
     pub fn start_draining(&self) {
         self.draining.store(true, std::sync::atomic::Ordering::Release);
@@ -278,12 +283,12 @@ impl GatewayBuilder {
     /// With no network: a gateway serves at least one.
     pub fn build(self) -> Arc<Gateway> {
         assert!(!self.networks.is_empty(), "a gateway serves at least one network");
-        let access = self.access.map(|(access, tiers)| {
-            let policies =
-                tiers.iter().map(|(name, deny, allow)| (name.clone(), self.policy.with(deny, allow))).collect();
-            AccessControl { access, policies, usage: Default::default() }
-        });
-        let shared = pipeline::Shared::new(self.limits.max_batch_len, self.limits.max_in_flight, self.policy, access);
+        let (access, tiers) = match self.access {
+            Some((access, tiers)) => (Some(AccessControl { access, usage: Default::default() }), tiers),
+            None => (None, Vec::new()),
+        };
+        let policies = policy::Policies::new(self.policy, &tiers);
+        let shared = pipeline::Shared::new(self.limits.max_batch_len, self.limits.max_in_flight, policies, access);
         let only = self.networks.len() == 1;
         let mut directory = network::Directory { named: self.named, ..Default::default() };
         let networks = self
@@ -359,8 +364,6 @@ impl StatusBoard {
 pub struct AccessControl {
     /// Keys, tiers and the quota store.
     pub access: sluice_access::Access,
-    /// Each tier's method policy: the global one with the tier's lists added.
-    pub policies: std::collections::HashMap<String, policy::MethodPolicy>,
     /// WebSocket connections and subscriptions held per key.
     pub usage: Arc<std::sync::Mutex<std::collections::HashMap<String, KeyUsage>>>,
 }
@@ -423,11 +426,6 @@ impl AccessControl {
         if let Some(u) = usage.get_mut(&caller.id) {
             u.subscriptions = u.subscriptions.saturating_sub(n);
         }
-    }
-
-    /// The policy for a caller's tier.
-    pub fn policy_of(&self, caller: &sluice_access::Caller) -> Option<&policy::MethodPolicy> {
-        self.policies.get(&caller.tier)
     }
 }
 

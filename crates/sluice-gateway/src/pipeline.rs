@@ -20,7 +20,7 @@ use sluice_jsonrpc::{
 };
 use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 
-use crate::policy::MethodPolicy;
+use crate::policy::{MethodPolicy, Policies};
 use crate::route::{route, Route};
 use crate::telemetry;
 use crate::AccessControl;
@@ -134,21 +134,27 @@ pub struct Shared {
     max_batch_len: usize,
     max_in_flight: usize,
     in_flight: Arc<AtomicUsize>,
-    policy: MethodPolicy,
+    policies: arc_swap::ArcSwap<Policies>,
     access: Option<AccessControl>,
 }
 
 impl Shared {
     /// Batches of at most `max_batch_len`, at most `max_in_flight` bodies answered at once
-    /// across all networks, calls filtered by `policy`, and with `access` callers identified,
+    /// across all networks, calls filtered by `policies`, and with `access` callers identified,
     /// charged and held to their tier's method lists and networks.
     pub fn new(
         max_batch_len: usize,
         max_in_flight: usize,
-        policy: MethodPolicy,
+        policies: Policies,
         access: Option<AccessControl>,
     ) -> Arc<Self> {
-        Arc::new(Self { max_batch_len, max_in_flight, in_flight: Arc::default(), policy, access })
+        let policies = arc_swap::ArcSwap::from_pointee(policies);
+        Arc::new(Self { max_batch_len, max_in_flight, in_flight: Arc::default(), policies, access })
+    }
+
+    /// Puts new method policies in force (a reload); bodies being answered keep the old ones.
+    pub fn set_policies(&self, policies: Policies) {
+        self.policies.store(Arc::new(policies));
     }
 
     /// Access control, when on.
@@ -179,7 +185,7 @@ impl Pipeline {
         policy: MethodPolicy,
         access: Option<AccessControl>,
     ) -> Self {
-        let shared = Shared::new(max_batch_len, max_in_flight, policy, access);
+        let shared = Shared::new(max_batch_len, max_in_flight, Policies::new(policy, &[]), access);
         Self::for_network(Arc::from(sluice_upstream::DEFAULT_NETWORK), upstreams, shared)
     }
 
@@ -281,19 +287,16 @@ impl Pipeline {
             .map(|_| Admitted(counter.clone()))
     }
 
-    /// The method policy for `edge`'s caller: its tier's, or the global one.
-    fn policy_for(&self, edge: Edge<'_>) -> &MethodPolicy {
-        let shared = &self.shared;
-        match (&shared.access, edge.caller) {
-            (Some(control), Some(caller)) => control.policy_of(caller).unwrap_or(&shared.policy),
-            _ => &shared.policy,
-        }
+    /// The method policies in force (one atomic load; the body keeps what it started with).
+    fn policies(&self) -> Arc<Policies> {
+        self.shared.policies.load_full()
     }
 
     /// Steps 4 to 6 for calls already admitted and charged: answers in order; notifications
     /// are executed but not answered.
     pub async fn respond(&self, items: Vec<Result<Request, Invalid>>, edge: Edge<'_>) -> (Vec<Response>, ServedBy) {
-        let policy = self.policy_for(edge);
+        let policies = self.policies();
+        let policy = policies.for_tier(edge.caller.filter(|_| self.shared.access.is_some()).map(|c| c.tier.as_str()));
         let tier: Option<Arc<str>> = edge.caller.map(|c| Arc::from(c.tier.as_str()));
         let priority = self.priority(edge);
         let mut slots: Vec<Option<Outcome>> = vec![None; items.len()];

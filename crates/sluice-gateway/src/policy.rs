@@ -57,6 +57,27 @@ fn matches(pattern: &str, method: &str) -> bool {
     sluice_access::scope::method_matches(pattern, method)
 }
 
+/// The method policies in force: everyone's, and each tier's (everyone's with the tier's own
+/// lists added). Replaced whole on reload.
+#[derive(Debug, Clone, Default)]
+pub struct Policies {
+    global: MethodPolicy,
+    tiers: std::collections::HashMap<String, MethodPolicy>,
+}
+
+impl Policies {
+    /// `global` for everyone, with each tier's `(name, deny, allow)` added for its callers.
+    pub fn new(global: MethodPolicy, tiers: &[crate::TierLists]) -> Self {
+        let tiers = tiers.iter().map(|(name, deny, allow)| (name.clone(), global.with(deny, allow))).collect();
+        Self { global, tiers }
+    }
+
+    /// The policy for a caller of `tier` (none: no access control, or an unknown tier).
+    pub fn for_tier(&self, tier: Option<&str>) -> &MethodPolicy {
+        tier.and_then(|t| self.tiers.get(t)).unwrap_or(&self.global)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@ pub mod dev;
 pub mod dump;
 pub mod networks;
 pub mod quic;
+pub mod reload;
 pub mod report;
 pub mod serve;
 pub mod stack;

@@ -40,7 +40,13 @@ struct Layers {
 impl Layers {
     /// The configuration these layers give, validated.
     fn load(self) -> anyhow::Result<config::Config> {
-        config::load(self.config.as_deref(), &Overrides { listen: self.listen, upstreams: self.upstreams })
+        self.load_again()
+    }
+
+    /// The same, read again (at start, and on each reload).
+    fn load_again(&self) -> anyhow::Result<config::Config> {
+        let overrides = Overrides { listen: self.listen, upstreams: self.upstreams.clone() };
+        config::load(self.config.as_deref(), &overrides)
     }
 }
 
@@ -143,7 +149,10 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve(layers) => serve::run(layers.load()?, serve::shutdown_signal()).await,
+        Command::Serve(layers) => {
+            let config = layers.load_again()?;
+            serve::run(config, serve::shutdown_signal(), Some(Box::new(move || layers.load_again()))).await
+        }
         Command::Dev { listen, anvil, anvil_port, block_time, networks, quic } => {
             let anvil = dev::find_anvil(anvil.as_deref())?;
             let mut children = Vec::new();
@@ -172,7 +181,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 config.networks[0].ingress = quic;
             }
             config.validate()?;
-            let result = serve::run(config, serve::shutdown_signal()).await;
+            let result = serve::run(config, serve::shutdown_signal(), None).await;
             for mut child in children {
                 let _ = child.kill().await;
             }

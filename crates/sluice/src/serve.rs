@@ -10,10 +10,13 @@ use sluice_pool::Mempool;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
+use crate::reload::{LoadConfig, Reloader};
 use crate::stack::Stack;
 
 /// Binds the listener, prints where sluice listens, and serves until `shutdown` resolves.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// With `reload`, SIGHUP reads the configuration again from it and applies what can change
+/// while serving ([`crate::reload`]).
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>, reload: Option<LoadConfig>) -> anyhow::Result<()> {
     // Install the metrics recorder before anything records (the head watchers start first).
     sluice_gateway::telemetry::prometheus();
     let named = !config.networks.is_empty();
@@ -41,6 +44,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         GatewayBuilder::new(Limits::from(&config.limits)).method_policy(policy).named(named).status(status);
     let mut lines = Vec::new();
     let mut ingresses = Vec::new();
+    let pools: Vec<_> = stacks.iter().map(|s| (s.spec.id.clone(), s.pool.clone())).collect();
     for stack in stacks {
         lines.push((stack.spec.id.clone(), stack.spec.chain_id, stack.first_url.clone(), stack.upstreams));
         ingresses.extend(stack.ingress);
@@ -98,7 +102,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         }
     }
     tracing::info!(%addr, networks = lines.len(), "serving");
+    let reloader = Reloader::new(
+        reload.unwrap_or_else(|| {
+            Box::new(|| anyhow::bail!("reload needs `sluice serve` (sluice dev builds its configuration)"))
+        }),
+        config.clone(),
+        gateway.clone(),
+        pools,
+    );
+    let hangups = tokio::spawn(reload_on_hangup(reloader));
     sluice_gateway::serve(listener, gateway, shutdown).await;
+    hangups.abort();
     let _ = admin_stop.send(());
     if let Some(admin) = admin {
         let _ = admin.await;
@@ -160,6 +174,18 @@ async fn start_mesh(
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+/// Reloads on each SIGHUP (instead of its default, which would end the process).
+async fn reload_on_hangup(mut reloader: Reloader) {
+    let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; reload is off");
+        return;
+    };
+    while hangup.recv().await.is_some() {
+        tracing::info!("SIGHUP: reloading the configuration");
+        let _ = reloader.reload().await;
+    }
+}
+
 pub async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

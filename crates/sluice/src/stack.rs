@@ -11,7 +11,7 @@ use sluice_ingress::{Ingress, IngressConfig, KeyPair};
 use sluice_jsonrpc::{Id, Outcome, Request};
 use sluice_pool::{Mempool, MempoolConfig, MempoolLayer, PoolView};
 use sluice_upstream::logs::{LogsConfig, LogsLayer};
-use sluice_upstream::pool::{MemberConfig, MethodFilter, Pool, PoolConfig};
+use sluice_upstream::pool::{LivePool, MemberConfig, MethodFilter, Pool, PoolConfig};
 use sluice_upstream::{
     spawn_head_watcher, Answer, HeadConfig, HeadFeed, HttpUpstream, HttpUpstreamConfig, Node, Upstreams,
 };
@@ -30,40 +30,52 @@ pub struct Stack {
     pub first_url: String,
     /// Upstreams serving it.
     pub upstreams: usize,
+    /// Its pool of nodes, replaceable on reload.
+    pub pool: Arc<LivePool<HttpUpstream>>,
+}
+
+/// Builds network `net`'s pool from its upstream list, each node checked for the network's
+/// chain id (at start and on reload). Every call reaches the nodes through the pool, also with
+/// one member: its budgets, method filters, timeouts and retries always apply.
+pub async fn build_pool(
+    net: &NetworkConfig,
+) -> anyhow::Result<(Arc<Pool<HttpUpstream>>, Vec<crate::config::UpstreamConfig>)> {
+    let at = &net.prefix;
+    let (clients, configs) = clients(net)?;
+    let (clients, configs) = check_chain_ids(net, clients, configs).await?;
+    anyhow::ensure!(!configs.is_empty(), "{at}upstreams: none configured");
+    let members = clients
+        .into_iter()
+        .zip(&configs)
+        .map(|(client, c)| MemberConfig {
+            client,
+            tier: c.tier,
+            weight: c.weight,
+            filter: MethodFilter { include: c.methods.clone(), exclude: c.exclude_methods.clone() },
+            max_concurrency: c.max_concurrency,
+            max_batch: c.max_batch,
+            rate: c.rate,
+            daily_quota: c.daily_quota,
+        })
+        .collect();
+    let mut pool_config = PoolConfig::try_from(&net.pool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+    pool_config.network = net.id.clone();
+    Ok((Pool::new(members, pool_config), configs))
 }
 
 impl Stack {
     /// Starts network `net`'s stack.
     pub async fn start(net: &NetworkConfig) -> anyhow::Result<Stack> {
-        let at = &net.prefix;
-        let (clients, configs) = clients(net)?;
-        let (clients, configs) = check_chain_ids(net, clients, configs).await?;
-        let primary = configs.first().ok_or_else(|| anyhow::anyhow!("{at}upstreams: none configured"))?;
+        let (pool, configs) = build_pool(net).await?;
+        let primary = configs.first().ok_or_else(|| anyhow::anyhow!("{}upstreams: none configured", net.prefix))?;
         let (first_url, ws_url) = primary.endpoints().map_err(anyhow::Error::msg)?;
-        // Every call reaches the nodes through the pool, also with one member: its budgets,
-        // method filters, timeouts and retries always apply.
-        let upstreams = clients.len();
-        let members = clients
-            .into_iter()
-            .zip(&configs)
-            .map(|(client, c)| MemberConfig {
-                client,
-                tier: c.tier,
-                weight: c.weight,
-                filter: MethodFilter { include: c.methods.clone(), exclude: c.exclude_methods.clone() },
-                max_concurrency: c.max_concurrency,
-                max_batch: c.max_batch,
-                rate: c.rate,
-                daily_quota: c.daily_quota,
-            })
-            .collect();
-        let mut pool_config = PoolConfig::try_from(&net.pool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
-        pool_config.network = net.id.clone();
-        let pool = Pool::new(members, pool_config);
+        let upstreams = configs.len();
+        // The pool in force, replaced whole by a reload; every layer above keeps its place.
+        let live = Arc::new(LivePool::new(pool));
         let mut status = StatusBoard::default();
-        let pool_status = pool.clone();
-        status.add("", Arc::new(move || pool_status.status()));
-        let upstream: Arc<dyn Upstreams> = pool;
+        let pool_status = live.clone();
+        status.add("", Arc::new(move || pool_status.current().status()));
+        let upstream: Arc<dyn Upstreams> = live.clone();
         // One head feed for the cache and the mempool, when either is on.
         let feed = (net.cache.enabled || net.mempool.enabled).then(|| {
             let cache = &net.cache;
@@ -123,7 +135,7 @@ impl Stack {
         if let Some(mempool) = &mempool {
             spec.local_feeds = Some(Arc::new(PendingTransactions(mempool.clone())));
         }
-        Ok(Stack { spec, mempool, ingress, first_url, upstreams })
+        Ok(Stack { spec, mempool, ingress, first_url, upstreams, pool: live })
     }
 }
 

@@ -19,6 +19,7 @@ mod budget;
 mod classify;
 mod health;
 mod hedge;
+mod live;
 mod order;
 mod probe;
 
@@ -37,6 +38,7 @@ pub(crate) use classify::TOO_LARGE;
 pub use classify::{is_already_known, is_missing_block, judge_error, Verdict};
 pub use health::Health;
 pub use hedge::{HedgeAfter, HedgeBudget, Recent};
+pub use live::LivePool;
 pub use order::{order, MemberView, Order};
 
 use crate::{Answer, Call, HttpUpstream, Node, UpstreamError, Upstreams};

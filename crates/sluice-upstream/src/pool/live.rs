@@ -1,0 +1,45 @@
+//! A pool that can be replaced while it serves: a reload (SIGHUP) builds a new [`Pool`] from
+//! the new upstream list and puts it in place. Calls already in flight finish on the pool they
+//! started with, which is dropped (its prober with it) once the last of them is done; every
+//! layer above (cache, coalescing, mempool relay, head watcher) keeps its place and its state.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+
+use super::{Node, Pool};
+use crate::{Answer, Call, UpstreamError, Upstreams};
+
+/// The pool in force for one network, replaceable at once.
+pub struct LivePool<N: Node> {
+    current: ArcSwap<Pool<N>>,
+}
+
+impl<N: Node> LivePool<N> {
+    /// Serves through `pool` until [`LivePool::replace`].
+    pub fn new(pool: Arc<Pool<N>>) -> Self {
+        Self { current: ArcSwap::new(pool) }
+    }
+
+    /// Puts `pool` in force for the calls that start from now on.
+    pub fn replace(&self, pool: Arc<Pool<N>>) {
+        self.current.store(pool);
+    }
+
+    /// The pool in force.
+    pub fn current(&self) -> Arc<Pool<N>> {
+        self.current.load_full()
+    }
+}
+
+#[async_trait]
+impl<N: Node> Upstreams for LivePool<N> {
+    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+        self.current().call(call).await
+    }
+
+    async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+        self.current().call_batch(calls).await
+    }
+}
