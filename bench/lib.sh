@@ -28,7 +28,7 @@ start_anvil() {  # sets ANVIL_URL
 start_sluice() {  # start_sluice VAR [ENV=VALUE …]: starts sluice in front of anvil, sets VAR to its URL
   local var=$1 port; shift
   port=$(free_port)
-  env SLUICE_LOG=warn SLUICE_MEMPOOL__JOURNAL="$work/$var.journal" "$@" target/release/sluice serve --listen "127.0.0.1:$port" --upstream "$ANVIL_URL" >/dev/null &
+  env SLUICE_LOG=warn SLUICE_MEMPOOL__JOURNAL="$work/$var.journal" "$@" "${SLUICE_BIN:-target/release/sluice}" serve --listen "127.0.0.1:$port" --upstream "$ANVIL_URL" >/dev/null &
   pids+=($!)
   printf -v "$var" 'http://127.0.0.1:%s' "$port"
   for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$port/ready" && return; sleep 0.1; done

@@ -11,6 +11,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// Shares in-flight work by key.
 pub struct Coalescer<K, V> {
@@ -43,12 +44,16 @@ where
                     map.insert(key.clone(), rx.clone());
                     let in_flight = self.in_flight.clone();
                     let future = work();
-                    tokio::spawn(async move {
-                        // Removes the key even if `future` panics (the guard drops `tx` too).
-                        let _guard = Remove { map: in_flight, key };
-                        let value = future.await;
-                        let _ = tx.send(Some(value));
-                    });
+                    // In the leader's span: its trace goes on in the task.
+                    tokio::spawn(
+                        async move {
+                            // Removes the key even if `future` panics (the guard drops `tx` too).
+                            let _guard = Remove { map: in_flight, key };
+                            let value = future.await;
+                            let _ = tx.send(Some(value));
+                        }
+                        .in_current_span(),
+                    );
                     (rx, true)
                 }
             }

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 type Shared = Result<Answer, UpstreamError>;
 type Flights = Arc<Mutex<HashMap<String, watch::Receiver<Option<Shared>>>>>;
@@ -141,11 +142,14 @@ impl Upstreams for CoalesceLayer {
         }
         match self.claim(key(call)) {
             Claim::Lead(lead) => {
-                let answer = self.inner.call(call).await;
+                let span = tracing::debug_span!("coalesce", role = "lead");
+                let answer = self.inner.call(call).instrument(span).await;
                 lead.publish(&answer);
                 answer
             }
-            Claim::Follow(rx) => self.follow(rx, call).await,
+            Claim::Follow(rx) => {
+                self.follow(rx, call).instrument(tracing::debug_span!("coalesce", role = "follow")).await
+            }
         }
     }
 

@@ -12,6 +12,7 @@ use sluice_chain::{ChainEvent, ChainView};
 use sluice_jsonrpc::{Outcome, RawValue};
 use sluice_upstream::{Answer, Call, HeadFeed, Source, UpstreamError, Upstreams};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::coalesce::Coalescer;
 use crate::memory::{Entry, MemoryTier};
@@ -191,17 +192,40 @@ fn local(value: serde_json::Value) -> Answer {
 impl Upstreams for CacheLayer {
     async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
         let view = self.shared.view.borrow().clone();
-        match plan(call.method(), call.req.params_text(), &view) {
-            Plan::Local(value) => Ok(local(value)),
-            Plan::Cache(plan) => self.cached(call, plan).await,
-            Plan::Pass => self.shared.inner.call(call).await,
-        }
+        // A trace span (off: a disabled callsite); `result` says what the cache did.
+        let span = tracing::debug_span!("cache", result = tracing::field::Empty);
+        let (answer, cacheable) = match plan(call.method(), call.req.params_text(), &view) {
+            Plan::Local(value) => (Ok(local(value)), false),
+            Plan::Cache(plan) => (self.cached(call, plan).instrument(span.clone()).await, true),
+            Plan::Pass => (self.shared.inner.call(call).instrument(span.clone()).await, false),
+        };
+        span.record("result", cache_result(&answer, cacheable));
+        answer
     }
 
     /// A batch: local answers and memory hits at once; the misses (after Redis) and the
     /// uncacheable calls go down together as one batch, so that the pool can send each member
     /// one JSON-RPC batch. Identical calls in flight elsewhere are joined below, by coalescing.
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+        let span = tracing::debug_span!("cache", calls = calls.len(), down = tracing::field::Empty);
+        self.batch(calls, &span).instrument(span.clone()).await
+    }
+}
+
+/// What the cache did for one call, for its trace span.
+fn cache_result(answer: &Result<Answer, UpstreamError>, cacheable: bool) -> &'static str {
+    match (answer.as_ref().map(|a| a.source), cacheable) {
+        (Ok(Source::Memory), _) => "hit-memory",
+        (Ok(Source::Redis), _) => "hit-redis",
+        (Ok(Source::Local), _) => "local",
+        (Ok(Source::Coalesced), _) => "coalesced",
+        (_, true) => "miss",
+        (_, false) => "pass",
+    }
+}
+
+impl CacheLayer {
+    async fn batch(&self, calls: &[&Call], span: &tracing::Span) -> Vec<Result<Answer, UpstreamError>> {
         let view = self.shared.view.borrow().clone();
         let mut results: Vec<Option<Result<Answer, UpstreamError>>> = (0..calls.len()).map(|_| None).collect();
         let mut misses: Vec<(usize, Cacheable)> = Vec::new();
@@ -243,6 +267,7 @@ impl Upstreams for CacheLayer {
             }
         }
         let refs: Vec<&Call> = sent.iter().map(|(_, _, c)| c).collect();
+        span.record("down", refs.len());
         let answers = match refs.len() {
             0 => Vec::new(),
             1 => vec![self.shared.inner.call(refs[0]).await],

@@ -141,7 +141,8 @@ where
     };
     let _in_flight = InFlight::start(Transport::Http);
     let id = request_id(headers);
-    let span = tracing::debug_span!("rpc", request_id = %id);
+    let span = tracing::debug_span!("rpc", request_id = %id, network = %network.id, transport = "http");
+    sluice_telemetry::adopt_parent(&span, headers);
     let limits = &gateway.limits;
     let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     // The body is read before admission: a slow sender holds no place among those answered.

@@ -119,52 +119,49 @@ pub fn method_label(method: &str) -> &'static str {
     KNOWN_METHODS.iter().find(|&&m| m == method).copied().unwrap_or("other")
 }
 
+/// Counter handles by (network, method label, third label): the network by its id's address
+/// (one `Arc<str>` per network, kept for the process's life), the labels `&'static str`s keyed
+/// by address. The registry is asked once per triple and thread, not once per call.
+type Handles = std::cell::RefCell<std::collections::HashMap<(usize, usize, usize), metrics::Counter>>;
+
 thread_local! {
-    /// Counter handles by (network, method label, outcome): the network by its id's address
-    /// (one `Arc<str>` per network, kept for the process's life), the labels `&'static str`s
-    /// keyed by address. The registry is asked once per triple and thread, not once per call.
-    static CALLS: std::cell::RefCell<std::collections::HashMap<(usize, usize, usize), metrics::Counter>> =
-        std::cell::RefCell::default();
+    static CALLS: Handles = std::cell::RefCell::default();
+    static SERVED: Handles = std::cell::RefCell::default();
 }
 
-/// Counts one call on `network` (its id, as the network's pipeline holds it).
-pub fn count_call(network: &std::sync::Arc<str>, method: &str, outcome: &'static str) {
+/// Adds one to counter `name{network, method, kind = value}` through `table`.
+fn count(
+    table: &'static std::thread::LocalKey<Handles>,
+    name: &'static str,
+    kind: &'static str,
+    network: &std::sync::Arc<str>,
+    method: &str,
+    value: &'static str,
+) {
     let label = method_label(method);
-    let key = (network.as_ptr() as usize, label.as_ptr() as usize, outcome.as_ptr() as usize);
-    CALLS.with(|calls| {
-        calls
+    let key = (network.as_ptr() as usize, label.as_ptr() as usize, value.as_ptr() as usize);
+    table.with(|handles| {
+        handles
             .borrow_mut()
             .entry(key)
             .or_insert_with(|| {
-                let network = network.to_string();
-                metrics::counter!("sluice_requests_total", "network" => network, "method" => label, "outcome" => outcome)
+                let labels = [("network", network.to_string()), ("method", label.to_owned()), (kind, value.to_owned())];
+                metrics::counter!(name, &labels)
             })
             .increment(1);
     });
 }
 
-thread_local! {
-    /// Counter handles by (network, method label, source), as for [`count_call`].
-    static SERVED: std::cell::RefCell<std::collections::HashMap<(usize, usize, usize), metrics::Counter>> =
-        std::cell::RefCell::default();
+/// Counts one call on `network` (its id, as the network's pipeline holds it).
+pub fn count_call(network: &std::sync::Arc<str>, method: &str, outcome: &'static str) {
+    count(&CALLS, "sluice_requests_total", "outcome", network, method, outcome);
 }
 
 /// Counts one call answered by the layers on `network`, by what produced the answer
 /// (`upstream`, `local`, `cache-memory`, `cache-redis`, `coalesced`): the dashboard's cache hit
 /// ratio by method.
 pub fn count_served(network: &std::sync::Arc<str>, method: &str, source: &'static str) {
-    let label = method_label(method);
-    let key = (network.as_ptr() as usize, label.as_ptr() as usize, source.as_ptr() as usize);
-    SERVED.with(|served| {
-        served
-            .borrow_mut()
-            .entry(key)
-            .or_insert_with(|| {
-                let network = network.to_string();
-                metrics::counter!("sluice_served_total", "network" => network, "method" => label, "source" => source)
-            })
-            .increment(1);
-    });
+    count(&SERVED, "sluice_served_total", "source", network, method, source);
 }
 
 /// The transports bodies arrive on.

@@ -23,6 +23,7 @@ use crate::pipeline::{Edge, Reply};
 use crate::route::is_subscription_method;
 use crate::telemetry::{self, InFlight, Transport};
 use crate::Gateway;
+use tracing::Instrument;
 
 /// Messages waiting to be written to one client.
 const OUTBOX: usize = 1024;
@@ -170,7 +171,9 @@ impl Session {
             let _in_flight = InFlight::start(Transport::Ws);
             let edge = Edge { caller: caller.as_ref() };
             let Some(network) = gateway.network(network) else { return };
-            let (responses, _) = network.pipeline.respond(items, edge).await;
+            // A trace per message, as per HTTP body (off: a disabled callsite).
+            let span = tracing::debug_span!("rpc", network = %network.id, transport = "ws");
+            let (responses, _) = network.pipeline.respond(items, edge).instrument(span).await;
             drop(admitted);
             if !responses.is_empty() {
                 let _ = outbox.send(text(write_responses(batch, &responses))).await;

@@ -88,10 +88,12 @@ impl HttpUpstream {
 
     /// POSTs a body and returns the answer's bytes, classifying every failure.
     async fn post_within(&self, body: Vec<u8>, timeout: Duration) -> Result<(u16, Bytes), UpstreamError> {
-        let request = hyper::Request::post(self.uri.clone())
+        let mut request = hyper::Request::post(self.uri.clone())
             .header(CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|_| UpstreamError::InvalidResponse("request could not be built"))?;
+        // The W3C trace context of this exchange's span, when traces are on.
+        sluice_telemetry::inject(request.headers_mut());
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
                 tracing::warn!(upstream = %self.config.name, error = %e, "upstream request failed");

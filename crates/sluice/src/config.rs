@@ -54,6 +54,9 @@ pub struct Config {
     /// network of the top-level upstreams and sections.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<NetworkSection>,
+    /// OpenTelemetry traces (see docs/operations.md); without `otlp_endpoint`: off.
+    #[serde(default)]
+    pub telemetry: sluice_telemetry::TelemetryConfig,
 }
 
 /// The method policy: denied methods are answered -32601 at once, never forwarded.
@@ -585,6 +588,7 @@ pub const KEYS: &[&str] = &[
     "ingress",
     "mesh",
     "networks",
+    "telemetry",
 ];
 /// `SLUICE_` variables read elsewhere: `SLUICE_UPSTREAM`, `SLUICE_CONFIG`, `SLUICE_LOG`,
 /// `SLUICE_LOG_FORMAT`, `SLUICE_ANVIL` (`sluice dev`).
@@ -639,6 +643,7 @@ impl Config {
     /// Checks what serde cannot: each network's sections (see [`NetworkConfig::validate`]),
     /// non-zero limits, the access and method lists.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.telemetry.validate().map_err(anyhow::Error::msg)?;
         let networks = self.networks()?;
         for network in &networks {
             network.validate()?;

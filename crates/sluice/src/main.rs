@@ -132,13 +132,30 @@ enum ConfigAction {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cli.log));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match cli.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().with_current_span(true).with_span_list(false).init(),
+    // `serve` reads its configuration before the logger starts: its [telemetry] section sets
+    // up the trace exporter beside the log lines.
+    let loaded = match &cli.command {
+        Command::Serve(layers) => match layers.load_again() {
+            Ok(config) => Some(config),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    let traces = match init_logs(&cli.log, cli.log_format, loaded.as_ref().map(|c| &c.telemetry)) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = run(cli.command, loaded).await;
+    if let Some(traces) = traces {
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
     }
-    match run(cli.command).await {
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -147,10 +164,45 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(command: Command) -> anyhow::Result<()> {
+/// Log lines to stderr, filtered by `filter` (or `RUST_LOG`); and with `[telemetry]
+/// otlp_endpoint`, sluice's spans exported as traces. Each has its own filter, so that traces
+/// off leave the request path's debug spans disabled.
+fn init_logs(
+    filter: &str,
+    format: LogFormat,
+    telemetry: Option<&sluice_telemetry::TelemetryConfig>,
+) -> Result<Option<sluice_telemetry::Traces>, String> {
+    use tracing_subscriber::prelude::*;
+    use tracing_subscriber::Layer;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = match format {
+        LogFormat::Text => lines.boxed(),
+        // The whole span list: the request's `rpc` span (its request id) stays on every line
+        // logged inside it, also below the layers' own spans.
+        LogFormat::Json => lines.json().with_current_span(false).with_span_list(true).boxed(),
+    };
+    let subscriber = tracing_subscriber::registry().with(lines.with_filter(filter));
+    match telemetry.filter(|t| t.otlp_endpoint.is_some()) {
+        Some(settings) => {
+            let (layer, traces) = sluice_telemetry::layer(settings, tokio::runtime::Handle::current())?;
+            subscriber.with(layer).init();
+            Ok(Some(traces))
+        }
+        None => {
+            subscriber.init();
+            Ok(None)
+        }
+    }
+}
+
+async fn run(command: Command, loaded: Option<config::Config>) -> anyhow::Result<()> {
     match command {
         Command::Serve(layers) => {
-            let config = layers.load_again()?;
+            let config = match loaded {
+                Some(config) => config,
+                None => layers.load_again()?,
+            };
             serve::run(config, serve::shutdown_signal(), Some(Box::new(move || layers.load_again()))).await
         }
         Command::Dev { listen, anvil, anvil_port, block_time, networks, quic } => {

@@ -116,7 +116,7 @@ async fn no_stale_answer_after_a_reorg() {
         assert_eq!(via, direct, "stale answer after the reorg for {read}");
     }
     assert_eq!(served(&net.client, &sluice, &reads[2]).await.0["result"], "0x0");
-    let reorgs = metric(&net.client, &sluice, "sluice_chain_reorgs_total ").await;
+    let reorgs = metric(&net.client, &sluice, r#"sluice_chain_reorgs_total{network="default"} "#).await;
     assert!(reorgs >= Some(1.0), "{reorgs:?}");
 }
 

@@ -31,6 +31,7 @@ use async_trait::async_trait;
 use sluice_chain::BlockNeed;
 use sluice_jsonrpc::{Outcome, Request};
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 pub use breaker::{Breaker, Circuit};
 pub use budget::{DailyQuota, MethodFilter, RateLimit};
@@ -329,7 +330,15 @@ impl<N: Node> Pool<N> {
             member.state().health.in_flight += 1;
             let in_flight = InFlight(member);
             let started = Instant::now();
-            let answer = member.node.send(sent, timeout).await;
+            // One span per exchange with a member: its `traceparent` goes to the node.
+            let span = tracing::debug_span!(
+                "upstream",
+                member = member.node.name(),
+                calls = sent.len(),
+                outcome = tracing::field::Empty
+            );
+            let answer = member.node.send(sent, timeout).instrument(span.clone()).await;
+            span.record("outcome", exchange_outcome(&answer));
             drop(in_flight);
             let healthy = match &answer {
                 Ok(outcomes) => outcomes.iter().all(|o| match o {
@@ -416,20 +425,34 @@ impl<N: Node> Pool<N> {
     }
 }
 
+/// An exchange's outcome for its trace span: `ok`, `rpc_error` (some answer is an error) or the
+/// failure's kind.
+fn exchange_outcome(answer: &Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>) -> &'static str {
+    match answer {
+        Ok(outcomes) if outcomes.iter().all(|o| matches!(o, Ok(Outcome::Result(_)))) => "ok",
+        Ok(_) => "rpc_error",
+        Err(e) => e.kind(),
+    }
+}
+
 #[async_trait]
 impl<N: Node> Upstreams for Pool<N> {
     async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+        let span = tracing::debug_span!("pool", method = call.method(), network = %self.config.network);
         if call.method() == "eth_sendRawTransaction" {
-            return self.broadcast(&[call]).await.remove(0);
+            return self.broadcast(&[call]).instrument(span).await.remove(0);
         }
-        self.call_one(call).await
+        self.call_one(call).instrument(span).await
     }
 
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         match calls.len() {
             0 => Vec::new(),
             1 => vec![self.call(calls[0]).await],
-            _ => self.call_many(calls).await,
+            _ => {
+                let span = tracing::debug_span!("pool", calls = calls.len(), network = %self.config.network);
+                self.call_many(calls).instrument(span).await
+            }
         }
     }
 }
