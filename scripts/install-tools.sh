@@ -26,7 +26,11 @@ apt_install() {
 command -v npm >/dev/null 2>&1 || apt_install nodejs npm
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
 # Prometheus and promtool, for the tests of the dashboard and rules in deploy/ (not its exporters).
-command -v promtool >/dev/null 2>&1 || apt_install --no-install-recommends prometheus
+# The package may start its own server on :9090; the tests start theirs on free loopback ports.
+if ! command -v promtool >/dev/null 2>&1; then
+  apt_install --no-install-recommends prometheus
+  { service prometheus stop || pkill -x prometheus; } >/dev/null 2>&1 || true
+fi
 
 # cargo-deb, pinned, for the Debian package and its test (crates/sluice/tests/package.rs).
 CARGO_DEB_VERSION=3.8.0
