@@ -10,6 +10,9 @@ FOUNDRY_VERSION=1.7.1
 TOOLS=.tools
 ANVIL="$TOOLS/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
 CAST="$TOOLS/node_modules/@foundry-rs/cast-linux-amd64/bin/cast"
+# solc (solc-js), for the contracts the aggregation tests compile (crates/sluice/tests/contracts/).
+SOLC_VERSION=0.8.37
+SOLCJS="$TOOLS/node_modules/solc/solc.js"
 
 apt_install() {
   if [ "$(id -u)" != 0 ]; then
@@ -41,10 +44,14 @@ fi
 command -v adduser >/dev/null 2>&1 || apt_install adduser
 
 installed_version() { "$1" --version 2>/dev/null | grep -o "$FOUNDRY_VERSION" | head -n1; }
-if [ ! -x "$ANVIL" ] || [ ! -x "$CAST" ] || [ "$(installed_version "$ANVIL")" != "$FOUNDRY_VERSION" ]; then
-  echo "install-tools: installing anvil and cast $FOUNDRY_VERSION into $TOOLS/"
+solc_version() { node -e "console.log(require('./$TOOLS/node_modules/solc/package.json').version)" 2>/dev/null; }
+if [ ! -x "$ANVIL" ] || [ ! -x "$CAST" ] || [ "$(installed_version "$ANVIL")" != "$FOUNDRY_VERSION" ] \
+  || [ ! -f "$SOLCJS" ] || [ "$(solc_version)" != "$SOLC_VERSION" ]; then
+  # One npm call for all three: a second `npm install --no-save` would remove the others.
+  echo "install-tools: installing anvil and cast $FOUNDRY_VERSION and solc $SOLC_VERSION into $TOOLS/"
   mkdir -p "$TOOLS"
   npm install --prefix "$TOOLS" --no-save --no-audit --no-fund --loglevel=error \
-    "@foundry-rs/anvil-linux-amd64@$FOUNDRY_VERSION" "@foundry-rs/cast-linux-amd64@$FOUNDRY_VERSION"
+    "@foundry-rs/anvil-linux-amd64@$FOUNDRY_VERSION" "@foundry-rs/cast-linux-amd64@$FOUNDRY_VERSION" \
+    "solc@$SOLC_VERSION"
 fi
 "$ANVIL" --version | head -n1

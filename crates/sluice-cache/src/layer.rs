@@ -143,7 +143,8 @@ async fn fetch(shared: Arc<Shared>, call: Call, plan: Cacheable) -> Result<Fetch
     shared.counters.misses.increment(1);
     let answer = shared.inner.call(&forwarded(&call, &plan)?).await?;
     store(&shared, plan, &answer.outcome);
-    Ok(Fetched { outcome: answer.outcome, source: Source::Upstream })
+    // Upstream, or Aggregated when the layer below answered from a Multicall3 aggregate.
+    Ok(Fetched { outcome: answer.outcome, source: answer.source })
 }
 
 /// The shared tier's answer, kept in memory too.

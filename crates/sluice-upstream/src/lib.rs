@@ -93,6 +93,8 @@ pub enum Source {
     Redis,
     /// Another caller's identical request, in flight at the same time.
     Coalesced,
+    /// A node, just now, as one call of a Multicall3 aggregate.
+    Aggregated,
 }
 
 impl Source {
@@ -104,6 +106,7 @@ impl Source {
             Source::Memory => "cache-memory",
             Source::Redis => "cache-redis",
             Source::Coalesced => "coalesced",
+            Source::Aggregated => "aggregated",
         }
     }
 }

@@ -41,6 +41,9 @@ pub struct Config {
     /// Which methods may reach the nodes.
     #[serde(default)]
     pub methods: MethodsSection,
+    /// Multicall3 aggregation of `eth_call` (see docs/upstreams.md); off by default.
+    #[serde(default)]
+    pub aggregate: sluice_multicall::AggregateConfig,
     /// API keys, tiers and quotas (see docs/access.md); absent: anyone may call, unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<sluice_access::AccessConfig>,
@@ -583,6 +586,7 @@ pub const KEYS: &[&str] = &[
     "pool",
     "mempool",
     "logs",
+    "aggregate",
     "methods",
     "access",
     "ingress",

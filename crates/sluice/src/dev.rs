@@ -94,6 +94,7 @@ pub fn networks(urls: &[String]) -> Vec<crate::config::NetworkSection> {
             mempool: None,
             logs: None,
             pool: None,
+            aggregate: None,
             ingress: None,
         })
         .collect()

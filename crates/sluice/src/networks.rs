@@ -1,7 +1,7 @@
 //! `[[networks]]`: several chains served by one sluice, each at its own path.
 //!
 //! Each network has an id (its path, `/eth`), a chain id (`/evm/1`), its upstreams, and its own
-//! `cache`, `mempool`, `logs` and `pool` sections: the top-level sections are the defaults, and
+//! `cache`, `mempool`, `logs`, `pool` and `aggregate` sections: the top-level sections are the defaults, and
 //! a network's own table changes only the keys it names. Without `[[networks]]` the top-level
 //! upstreams and sections are one implicit network, served at `/` as always.
 
@@ -40,6 +40,9 @@ pub struct NetworkSection {
     /// Keys of `[pool]` this network sets differently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<Value>,
+    /// Keys of `[aggregate]` this network sets differently.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<Value>,
     /// Its own QUIC transaction ingress; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress: Option<sluice_ingress::IngressConfig>,
@@ -67,6 +70,8 @@ pub struct NetworkConfig {
     pub logs: LogsSection,
     /// Its upstream pool.
     pub pool: PoolSection,
+    /// Its Multicall3 aggregation.
+    pub aggregate: sluice_multicall::AggregateConfig,
     /// Its QUIC ingress.
     pub ingress: Option<sluice_ingress::IngressConfig>,
 }
@@ -85,6 +90,7 @@ impl Config {
                 mempool: self.mempool.clone(),
                 logs: self.logs.clone(),
                 pool: self.pool.clone(),
+                aggregate: self.aggregate.clone(),
                 ingress: self.ingress.clone(),
             }]);
         }
@@ -121,6 +127,7 @@ impl Config {
                 mempool,
                 logs: inherit(&self.logs, n.logs.as_ref(), &at, "logs")?,
                 pool: inherit(&self.pool, n.pool.as_ref(), &at, "pool")?,
+                aggregate: inherit(&self.aggregate, n.aggregate.as_ref(), &at, "aggregate")?,
                 ingress: n.ingress.clone(),
                 prefix: at,
             });
@@ -186,6 +193,7 @@ impl NetworkConfig {
         p.method_timeouts().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         anyhow::ensure!((0.0..=1.0).contains(&p.hedge_max_extra), "{at}pool.hedge_max_extra: must be between 0 and 1");
         sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        self.aggregate.validate().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         let l = &self.logs;
         anyhow::ensure!(l.max_block_range > 0, "{at}logs.max_block_range: must be more than zero");
         anyhow::ensure!(l.concurrency > 0, "{at}logs.concurrency: must be more than zero");

@@ -9,6 +9,7 @@ use sluice_cache::{CacheLayer, CoalesceLayer, RedisConfig, RedisTier};
 use sluice_gateway::{FeedStream, LocalFeeds, NetworkSpec, StatusBoard};
 use sluice_ingress::{Ingress, IngressConfig, KeyPair};
 use sluice_jsonrpc::{Id, Outcome, Request};
+use sluice_multicall::AggregateLayer;
 use sluice_pool::{Mempool, MempoolConfig, MempoolLayer, PoolView};
 use sluice_upstream::logs::{LogsConfig, LogsLayer};
 use sluice_upstream::pool::{LivePool, MemberConfig, MethodFilter, Pool, PoolConfig};
@@ -87,8 +88,16 @@ impl Stack {
             };
             spawn_head_watcher(upstream.clone(), Some(ws_url.clone()), heads)
         });
-        // The layers, bottom up: pool ← coalescing ← cache ← eth_getLogs splitting ← mempool.
+        // The layers, bottom up: pool ← Multicall3 aggregation ← coalescing ← cache ←
+        // eth_getLogs splitting ← mempool.
         let mut layers = upstream.clone();
+        if net.aggregate.eth_call {
+            let aggregate = AggregateLayer::new(layers, net.aggregate.clone(), &net.id);
+            if let Some(feed) = &feed {
+                aggregate.watch_reorgs(feed.events.subscribe());
+            }
+            layers = Arc::new(aggregate);
+        }
         if net.cache.coalesce {
             layers = Arc::new(CoalesceLayer::new(layers));
         }
