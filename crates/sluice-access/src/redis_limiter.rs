@@ -50,6 +50,10 @@ pub struct RedisLimiter {
     script: redis::Script,
     fail_open: bool,
     warned: AtomicBool,
+    /// Prefix of its keys in Redis.
+    prefix: &'static str,
+    /// The counter of store failures.
+    errors_metric: &'static str,
 }
 
 impl RedisLimiter {
@@ -62,10 +66,25 @@ impl RedisLimiter {
             script: redis::Script::new(SCRIPT),
             fail_open,
             warned: AtomicBool::new(false),
+            prefix: "sluice:quota",
+            errors_metric: "sluice_access_store_errors_total",
         })
     }
 
-    pub(crate) async fn charge(
+    /// A limiter for upstream members' budgets shared by replicas (`[pool] budget_store`): its
+    /// own keys (`sluice:upstream-budget:…`) and failure counter
+    /// (`sluice_upstream_budget_store_errors_total`).
+    pub fn for_upstream_budgets(url: &str, fail_open: bool) -> Result<Self, String> {
+        let mut limiter = Self::new(url, fail_open).map_err(|e| e.replace("access.redis_url", "pool.budget_store"))?;
+        limiter.prefix = "sluice:upstream-budget";
+        limiter.errors_metric = "sluice_upstream_budget_store_errors_total";
+        metrics::counter!(limiter.errors_metric).increment(0);
+        Ok(limiter)
+    }
+
+    /// Charges `cost` to `id`'s rate and daily count atomically, on Redis's clock; refused
+    /// when either is spent, or when Redis fails and the limiter is fail-closed.
+    pub async fn charge(
         &self,
         id: &str,
         rate: Option<gcra::Rate>,
@@ -105,7 +124,7 @@ impl RedisLimiter {
         // The key itself never goes to Redis, only a hash of it.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         id.hash(&mut hasher);
-        let bucket = format!("sluice:quota:{:016x}", hasher.finish());
+        let bucket = format!("{}:{:016x}", self.prefix, hasher.finish());
         let (interval, burst) = rate.map_or((-1.0, 0), |r| (r.interval_ms(), r.burst));
         self.script
             .key(format!("{bucket}:rate"))
@@ -119,7 +138,7 @@ impl RedisLimiter {
     }
 
     fn store_failed(&self, why: &str) -> Result<(), Refusal> {
-        metrics::counter!("sluice_access_store_errors_total").increment(1);
+        metrics::counter!(self.errors_metric).increment(1);
         if !self.warned.swap(true, Ordering::Relaxed) {
             let mode = if self.fail_open { "letting requests through" } else { "refusing requests" };
             tracing::warn!(error = %why, "quota store (Redis) unavailable; {mode} until it answers");

@@ -55,6 +55,16 @@ pub enum Fault {
         /// Requests served at once.
         slots: Arc<tokio::sync::Semaphore>,
     },
+    /// Relays to a real node within a provider's rate ([`RateWindow`]); above it, HTTP 429 with
+    /// a JSON-RPC error body (and `Retry-After` when `retry_after` is set).
+    RateLimited {
+        /// The real node's URL.
+        to: String,
+        /// The limit and the log.
+        window: Arc<RateWindow>,
+        /// Seconds sent in `Retry-After`.
+        retry_after: Option<u64>,
+    },
     /// Relays to a real node, except single `eth_getLogs` calls spanning more than
     /// `max_range` blocks, refused as providers do ("query returned more than 10000
     /// results"). Every body is recorded (see `requests_for`).
@@ -64,6 +74,54 @@ pub enum Fault {
         /// The widest range answered.
         max_range: u64,
     },
+}
+
+/// A provider's rate limit, for [`Fault::RateLimited`]: at most `limit` requests in each
+/// wall-clock second (fixed windows, as many providers count), the limit changeable while
+/// running; every request logged with its time and whether it was relayed.
+#[derive(Debug)]
+pub struct RateWindow {
+    limit: AtomicUsize,
+    window: std::sync::Mutex<(std::time::Instant, usize)>,
+    log: std::sync::Mutex<Vec<(std::time::Instant, bool)>>,
+}
+
+impl RateWindow {
+    /// A limit of `per_second`.
+    pub fn new(per_second: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit: AtomicUsize::new(per_second),
+            window: std::sync::Mutex::new((std::time::Instant::now(), 0)),
+            log: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Changes the limit.
+    pub fn set_limit(&self, per_second: usize) {
+        self.limit.store(per_second, Ordering::SeqCst);
+    }
+
+    fn admit(&self) -> bool {
+        let now = std::time::Instant::now();
+        let mut window = self.window.lock().unwrap();
+        if now.duration_since(window.0) >= Duration::from_secs(1) {
+            *window = (now, 0);
+        }
+        let admitted = window.1 < self.limit.load(Ordering::SeqCst);
+        if admitted {
+            window.1 += 1;
+        }
+        self.log.lock().unwrap().push((now, admitted));
+        admitted
+    }
+
+    /// Requests relayed and refused (429) from `since` on.
+    pub fn counts_since(&self, since: std::time::Instant) -> (usize, usize) {
+        let log = self.log.lock().unwrap();
+        let recent = log.iter().filter(|(at, _)| *at >= since);
+        recent
+            .fold((0, 0), |(ok, refused), (_, admitted)| if *admitted { (ok + 1, refused) } else { (ok, refused + 1) })
+    }
 }
 
 /// A fake upstream on a loopback port; stops when dropped.
@@ -167,6 +225,21 @@ async fn answer(
                 (502, "bad gateway".to_owned())
             } else {
                 relay(&to, body).await
+            }
+        }
+        Fault::RateLimited { to, window, retry_after } => {
+            if window.admit() {
+                relay(&to, body).await
+            } else {
+                let payload = r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32005,"message":"rate limit exceeded"}}"#;
+                let retry = retry_after.map(|s| format!("retry-after: {s}\r\n")).unwrap_or_default();
+                let head = format!(
+                    "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n{retry}content-length: {}\r\nconnection: close\r\n\r\n",
+                    payload.len()
+                );
+                stream.write_all(head.as_bytes()).await?;
+                stream.write_all(payload.as_bytes()).await?;
+                return stream.shutdown().await;
             }
         }
         Fault::LogsLimit { to, max_range } => {

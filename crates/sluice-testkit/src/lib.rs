@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod fake_upstream;
-pub use fake_upstream::{FakeUpstream, Fault};
+pub use fake_upstream::{FakeUpstream, Fault, RateWindow};
 pub use tls_relay::TlsRelay;
 mod tls_relay;
 

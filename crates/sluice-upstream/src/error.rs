@@ -32,6 +32,9 @@ pub enum UpstreamError {
     /// No upstream's known blocks cover what the call needs.
     #[error("no upstream has the block this call needs")]
     NotCovered,
+    /// The node refused for its provider's rate (HTTP 429), with the `Retry-After` it gave.
+    #[error("upstream is rate limited")]
+    RateLimited(Option<Duration>),
     /// Every upstream that could take the call has spent its rate limit or daily quota.
     #[error("all upstreams are over their request budget; try again later")]
     BudgetExhausted,
@@ -50,6 +53,7 @@ impl UpstreamError {
             UpstreamError::BudgetExhausted => "budget_exhausted",
             UpstreamError::BatchRefused => "batch_refused",
             UpstreamError::NotCovered => "not_covered",
+            UpstreamError::RateLimited(_) => "rate_limited",
         }
     }
 
@@ -58,7 +62,7 @@ impl UpstreamError {
     /// `data.reason`.
     pub fn to_error_object(&self) -> ErrorObject {
         let code = match self {
-            UpstreamError::BudgetExhausted => codes::LIMIT_EXCEEDED,
+            UpstreamError::BudgetExhausted | UpstreamError::RateLimited(_) => codes::LIMIT_EXCEEDED,
             _ => codes::RESOURCE_UNAVAILABLE,
         };
         ErrorObject::new(code, self.to_string()).with_data(serde_json::json!({ "reason": self.kind() }))

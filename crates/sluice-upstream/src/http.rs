@@ -40,7 +40,7 @@ pub struct HttpUpstream {
 }
 
 /// The outcomes calls are counted by: `ok` and each [`UpstreamError::kind`].
-const OUTCOMES: [&str; 10] = [
+const OUTCOMES: [&str; 11] = [
     "ok",
     "unreachable",
     "timeout",
@@ -51,6 +51,7 @@ const OUTCOMES: [&str; 10] = [
     "budget_exhausted",
     "batch_refused",
     "not_covered",
+    "rate_limited",
 ];
 
 /// Metric handles, registered once per node (on its first call, after the recorder is in).
@@ -87,7 +88,7 @@ impl HttpUpstream {
     }
 
     /// POSTs a body and returns the answer's bytes, classifying every failure.
-    async fn post_within(&self, body: Vec<u8>, timeout: Duration) -> Result<(u16, Bytes), UpstreamError> {
+    async fn post_within(&self, body: Vec<u8>, timeout: Duration) -> Result<Reply, UpstreamError> {
         let mut request = hyper::Request::post(self.uri.clone())
             .header(CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
@@ -100,6 +101,7 @@ impl HttpUpstream {
                 UpstreamError::Unreachable
             })?;
             let status = response.status().as_u16();
+            let retry_after = retry_after(response.headers());
             let body = Limited::new(response.into_body(), self.config.max_response_bytes)
                 .collect()
                 .await
@@ -112,7 +114,7 @@ impl HttpUpstream {
                     }
                 })?
                 .to_bytes();
-            Ok((status, body))
+            Ok(Reply { status, retry_after, body })
         };
         tokio::time::timeout(timeout, exchange).await.map_err(|_| UpstreamError::Timeout(timeout))?
     }
@@ -138,12 +140,28 @@ impl HttpUpstream {
     }
 }
 
+/// A node's HTTP answer.
+struct Reply {
+    status: u16,
+    /// `Retry-After` in seconds, with a 429.
+    retry_after: Option<Duration>,
+    body: Bytes,
+}
+
+/// `Retry-After` as a number of seconds (the HTTP-date form is not honoured: the adaptive rate
+/// still backs off).
+fn retry_after(headers: &hyper::HeaderMap) -> Option<Duration> {
+    let text = headers.get(hyper::header::RETRY_AFTER)?.to_str().ok()?;
+    text.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
 /// Reads an answer body: a JSON-RPC answer wins over a bad HTTP status, since some providers
 /// send errors with 4xx/5xx; anything else is classified.
-fn parse_answer<T: serde::de::DeserializeOwned>(status: u16, body: &[u8]) -> Result<T, UpstreamError> {
+fn parse_answer<T: serde::de::DeserializeOwned>(reply: &Reply) -> Result<T, UpstreamError> {
+    let (status, body) = (reply.status, &reply.body[..]);
     if status == 429 {
         // Rate limited or shedding: the body answers no particular call (its id is null).
-        return Err(UpstreamError::HttpStatus(status));
+        return Err(UpstreamError::RateLimited(reply.retry_after));
     }
     match serde_json::from_slice(body) {
         Ok(answer) => Ok(answer),
@@ -160,7 +178,7 @@ impl HttpUpstream {
         let mut body = Vec::with_capacity(64 + req.method.len() + req.params_text().len());
         req.write_with_id(&id.to_string(), &mut body);
         let result = match self.post_within(body, timeout).await {
-            Ok((status, bytes)) => parse_answer::<ResponseEnvelope>(status, &bytes).and_then(|env| {
+            Ok(reply) => parse_answer::<ResponseEnvelope>(&reply).and_then(|env| {
                 if env.numeric_id() != Some(id) {
                     return Err(UpstreamError::InvalidResponse("answer id does not match"));
                 }
@@ -216,7 +234,7 @@ impl HttpUpstream {
             req.write_with_id(&(first + i as u64).to_string(), &mut body);
         }
         body.push(b']');
-        let answers = self.post_within(body, timeout).await.and_then(|(status, bytes)| parse_batch(status, &bytes));
+        let answers = self.post_within(body, timeout).await.and_then(|reply| parse_batch(&reply));
         let results = answers.map(|envelopes| {
             // Nodes may answer a batch in any order: place each answer by its id.
             let mut results = vec![Err(UpstreamError::InvalidResponse("batch answer missing")); reqs.len()];
@@ -241,11 +259,12 @@ impl HttpUpstream {
 /// Reads a batch answer. A node that refuses the batch as a whole (HTTP 413, or one error
 /// object instead of an array, as geth and most providers answer an over-long batch) gives
 /// [`UpstreamError::BatchRefused`], so that the pool can split it.
-fn parse_batch(status: u16, body: &[u8]) -> Result<Vec<ResponseEnvelope>, UpstreamError> {
-    if status == 413 {
+fn parse_batch(reply: &Reply) -> Result<Vec<ResponseEnvelope>, UpstreamError> {
+    if reply.status == 413 {
         return Err(UpstreamError::BatchRefused);
     }
-    match parse_answer::<Vec<ResponseEnvelope>>(status, body) {
+    let body = &reply.body[..];
+    match parse_answer::<Vec<ResponseEnvelope>>(reply) {
         Err(UpstreamError::InvalidResponse(_)) | Err(UpstreamError::HttpStatus(_))
             if serde_json::from_slice::<ResponseEnvelope>(body).is_ok_and(|e| e.numeric_id().is_none()) =>
         {
@@ -278,13 +297,33 @@ impl Node for HttpUpstream {
 mod tests {
     use super::*;
 
+    fn reply(status: u16, body: &'static [u8]) -> Reply {
+        Reply { status, retry_after: None, body: Bytes::from_static(body) }
+    }
+
     #[test]
     fn a_refused_batch_is_told_apart_from_a_broken_answer() {
         let one_error = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"batch too large"}}"#;
-        assert_eq!(parse_batch(200, one_error).unwrap_err(), UpstreamError::BatchRefused);
-        assert_eq!(parse_batch(413, b"").unwrap_err(), UpstreamError::BatchRefused);
-        assert_eq!(parse_batch(200, b"nonsense").unwrap_err(), UpstreamError::InvalidResponse("not a JSON-RPC answer"));
-        assert_eq!(parse_batch(500, b"").unwrap_err(), UpstreamError::HttpStatus(500));
-        assert_eq!(parse_batch(200, br#"[{"jsonrpc":"2.0","id":1,"result":"0x1"}]"#).unwrap().len(), 1);
+        assert_eq!(parse_batch(&reply(200, one_error)).unwrap_err(), UpstreamError::BatchRefused);
+        assert_eq!(parse_batch(&reply(413, b"")).unwrap_err(), UpstreamError::BatchRefused);
+        assert_eq!(
+            parse_batch(&reply(200, b"nonsense")).unwrap_err(),
+            UpstreamError::InvalidResponse("not a JSON-RPC answer")
+        );
+        assert_eq!(parse_batch(&reply(500, b"")).unwrap_err(), UpstreamError::HttpStatus(500));
+        assert_eq!(parse_batch(&reply(200, br#"[{"jsonrpc":"2.0","id":1,"result":"0x1"}]"#)).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_429_is_a_rate_limit_with_its_retry_after() {
+        let mut headers = hyper::HeaderMap::new();
+        headers.insert(hyper::header::RETRY_AFTER, "3".parse().unwrap());
+        let limited = Reply { status: 429, retry_after: retry_after(&headers), body: Bytes::new() };
+        assert_eq!(
+            parse_answer::<ResponseEnvelope>(&limited).unwrap_err(),
+            UpstreamError::RateLimited(Some(Duration::from_secs(3)))
+        );
+        headers.insert(hyper::header::RETRY_AFTER, "Wed, 21 Oct 2026 07:28:00 GMT".parse().unwrap());
+        assert_eq!(retry_after(&headers), None);
     }
 }

@@ -232,6 +232,17 @@ pub struct PoolSection {
     pub method_timeouts: std::collections::BTreeMap<String, String>,
     /// Most calls in one JSON-RPC batch to an upstream (an upstream's own `max_batch` wins).
     pub max_batch: usize,
+    /// How long a call may wait for an upstream's `rate` (or a provider's Retry-After): the
+    /// queue. Beyond it the call is refused with -32005.
+    #[serde(with = "humantime_serde")]
+    pub budget_wait: Duration,
+    /// Keep upstreams' `rate` and `daily_quota` in this Redis too (`redis://…`), shared by
+    /// every replica; absent: each process counts alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_store: Option<String>,
+    /// When the budget store fails: let calls through (true, the default; the local budgets
+    /// still hold) or refuse them with -32005 (false).
+    pub budget_store_fail_open: bool,
 }
 
 impl PoolSection {
@@ -272,6 +283,9 @@ impl Default for PoolSection {
             hedge_max_extra: d.hedge_max_extra,
             method_timeouts: Default::default(),
             max_batch: d.max_batch,
+            budget_wait: d.budget_wait,
+            budget_store: None,
+            budget_store_fail_open: true,
         }
     }
 }
@@ -287,6 +301,8 @@ impl TryFrom<&PoolSection> for sluice_upstream::pool::PoolConfig {
             breaker_threshold: p.breaker_threshold,
             breaker_cooldown: p.breaker_cooldown,
             probe_interval: p.probe_interval,
+            budget_wait: p.budget_wait,
+            shared_budget: None,
             hedge: p.hedge_after()?,
             hedge_max_extra: p.hedge_max_extra,
             method_timeouts: p.method_timeouts()?,

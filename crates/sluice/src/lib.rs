@@ -1,5 +1,6 @@
 //! The `sluice` binary's library half: configuration and the commands, so they can be tested.
 
+pub mod budgets;
 pub mod config;
 pub mod dev;
 pub mod dump;

@@ -189,6 +189,10 @@ impl NetworkConfig {
         anyhow::ensure!(p.max_batch > 0, "{at}pool.max_batch: must be more than zero");
         anyhow::ensure!(!p.deadline.is_zero(), "{at}pool.deadline: must be more than zero");
         anyhow::ensure!(!p.probe_interval.is_zero(), "{at}pool.probe_interval: must be more than zero");
+        anyhow::ensure!(p.budget_wait <= p.deadline, "{at}pool.budget_wait: at most pool.deadline");
+        if let Some(url) = &p.budget_store {
+            sluice_access::RedisLimiter::for_upstream_budgets(url, true).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        }
         p.hedge_after().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         p.method_timeouts().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         anyhow::ensure!((0.0..=1.0).contains(&p.hedge_max_extra), "{at}pool.hedge_max_extra: must be between 0 and 1");

@@ -61,6 +61,11 @@ pub async fn build_pool(
         .collect();
     let mut pool_config = PoolConfig::try_from(&net.pool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
     pool_config.network = net.id.clone();
+    if let Some(url) = &net.pool.budget_store {
+        let store = crate::budgets::RedisBudgets::new(url, net.pool.budget_store_fail_open)
+            .map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        pool_config.shared_budget = Some(Arc::new(store));
+    }
     Ok((Pool::new(members, pool_config), configs))
 }
 

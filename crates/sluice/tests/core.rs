@@ -75,6 +75,7 @@ enabled = false
 enabled = false
 [pool]
 probe_interval = "10s"
+budget_wait = "0s"
 [[upstreams]]
 url = "{}"
 rate = 5

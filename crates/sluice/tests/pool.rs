@@ -268,18 +268,30 @@ async fn budgets_are_never_exceeded_and_beyond_them_callers_get_32005() {
     assert_eq!(s["upstreams"][0]["daily_quota_left"], 0);
     drop(sluice);
 
-    // A rate of 5/s each: over about a second of hammering, each relay sees at most 5/s + the burst.
+    // A rate of 5/s each: over about a second of hammering, each relay sees at most 5/s + the
+    // burst. Calls wait up to 200 ms for their turn (the queue), then are refused.
     let (sluice, _f) = pool_from(&format!(
-        "[[upstreams]]\nurl = \"{}\"\nrate = 5\n[[upstreams]]\nurl = \"{}\"\nrate = 5\n",
+        "[pool]\nbudget_wait = \"200ms\"\n[[upstreams]]\nurl = \"{}\"\nrate = 5\n[[upstreams]]\nurl = \"{}\"\nrate = 5\n",
         ra.url, rb.url
     ));
     let (before_a, before_b) = (ra.requests_for("eth_getBalance"), rb.requests_for("eth_getBalance"));
     let started = Instant::now();
-    let mut limited = 0;
-    while started.elapsed() < Duration::from_secs(1) {
-        let (_, answer) = post(&client, &sluice.http_url(), body.clone()).await;
-        limited += (answer["error"]["code"] == -32005) as usize;
-    }
+    // Twenty callers at once (asking for different accounts: identical calls would be joined),
+    // so that the queue fills.
+    let (client, url) = (&client, sluice.http_url());
+    let callers = (0..20).map(|i| {
+        let url = url.clone();
+        async move {
+            let body = call(json!(1), "eth_getBalance", &json!([format!("0x{:040x}", 0x100 + i), "0x0"])).to_string();
+            let mut limited = 0;
+            while started.elapsed() < Duration::from_secs(1) {
+                let (_, answer) = post(client, &url, body.clone()).await;
+                limited += (answer["error"]["code"] == -32005) as usize;
+            }
+            limited
+        }
+    });
+    let limited: usize = futures_util::future::join_all(callers).await.into_iter().sum();
     let allowed = 5.0 * started.elapsed().as_secs_f64() + 5.0 + 1.0;
     for (relay, before) in [(&ra, before_a), (&rb, before_b)] {
         let seen = (relay.requests_for("eth_getBalance") - before) as f64;

@@ -50,10 +50,49 @@ impl RateLimit {
         taken
     }
 
-    /// Tokens left now, rounded down.
+    /// Tokens left now, rounded down (0 while calls wait for tokens already promised).
     pub fn left(&mut self, now: Instant) -> u64 {
         self.refill(now);
-        self.tokens as u64
+        self.tokens.max(0.0) as u64
+    }
+
+    /// The rate in force, per second.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Changes the rate and the burst (an adaptive cut or rise); what is owed stays owed.
+    pub fn set_rate(&mut self, rate: f64, burst: f64, now: Instant) {
+        self.refill(now);
+        self.rate = rate.max(f64::MIN_POSITIVE);
+        self.burst = burst.max(1.0);
+        self.tokens = self.tokens.min(self.burst);
+    }
+
+    /// Reserves `n` calls: at once if the tokens are there, else in turn behind the calls
+    /// already waiting, as long as the wait is at most `max_wait` (the queue is bounded by
+    /// time: `rate × max_wait` calls). Gives how long to wait, or `None` when the queue is
+    /// full (nothing is taken then).
+    pub fn reserve(&mut self, n: usize, now: Instant, max_wait: Duration) -> Option<Duration> {
+        self.refill(now);
+        let after = self.tokens - n as f64;
+        if after >= 0.0 {
+            self.tokens = after;
+            return Some(Duration::ZERO);
+        }
+        let wait = Duration::from_secs_f64(-after / self.rate);
+        if wait > max_wait {
+            return None;
+        }
+        self.tokens = after;
+        Some(wait)
+    }
+
+    /// Whether one more call could be reserved within `max_wait`, and whether it would wait.
+    pub fn could_reserve(&mut self, now: Instant, max_wait: Duration) -> (bool, bool) {
+        self.refill(now);
+        let after = self.tokens - 1.0;
+        (after >= 0.0 || Duration::from_secs_f64(-after / self.rate) <= max_wait, after < 0.0)
     }
 }
 
@@ -150,6 +189,25 @@ mod tests {
         // Hammer it for 3 simulated seconds, one attempt per millisecond.
         let taken = (0..3000).filter(|ms| limit.take(t0 + Duration::from_millis(*ms))).count();
         assert!((30..=40).contains(&taken), "{taken}: 10/s for 3 s plus a 10-request burst");
+    }
+
+    #[test]
+    fn reservations_queue_behind_each_other_up_to_the_wait() {
+        let t0 = Instant::now();
+        let mut limit = RateLimit::new(10.0, t0);
+        let max = Duration::from_secs(1);
+        let waits: Vec<Option<Duration>> = (0..25).map(|_| limit.reserve(1, t0, max)).collect();
+        assert!(waits[..10].iter().all(|w| *w == Some(Duration::ZERO)), "the burst goes at once");
+        assert_eq!(waits[10], Some(Duration::from_millis(100)), "then one every 100 ms");
+        assert_eq!(waits[19], Some(Duration::from_secs(1)));
+        assert!(waits[20..].iter().all(Option::is_none), "a second's queue, then refused");
+        assert_eq!((limit.left(t0), limit.could_reserve(t0, max)), (0, (false, true)));
+        // Half a second later, five places are free again.
+        let later = t0 + Duration::from_millis(500);
+        assert_eq!(limit.reserve(5, later, max), Some(Duration::from_secs(1)));
+        limit.set_rate(5.0, 5.0, later);
+        assert_eq!(limit.rate(), 5.0);
+        assert_eq!(limit.reserve(1, later, max), None, "a slower rate: the queue is longer in time");
     }
 
     #[test]

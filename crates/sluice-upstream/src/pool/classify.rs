@@ -40,6 +40,19 @@ pub fn judge_error(error: &RawValue) -> Verdict {
     }
 }
 
+/// "Too many requests" as a JSON-RPC error: -32005 (EIP-1474 limit exceeded), or the wordings of
+/// providers that answer 200 with an error object (`rate limit`, `too many requests`, `429`).
+pub fn is_rate_limited(error: &RawValue) -> bool {
+    let value: serde_json::Value = serde_json::from_str(error.get()).unwrap_or_default();
+    let code = value["code"].as_i64().unwrap_or(0);
+    let message = value["message"].as_str().unwrap_or("").to_ascii_lowercase();
+    code == codes::LIMIT_EXCEEDED
+        || code == 429
+        || message.contains("rate limit")
+        || message.contains("too many requests")
+        || message.contains("exceeded the quota")
+}
+
 /// Wordings of nodes and providers refusing a query whose answer would be too large (geth,
 /// erigon, nethermind and the common hosted providers), lower-case.
 pub(crate) const TOO_LARGE: [&str; 8] = [

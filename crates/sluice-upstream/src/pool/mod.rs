@@ -12,6 +12,7 @@
 //! A prober task reads each member's head every `probe_interval`; it is also the half-open probe
 //! that lets a recovered member back in without client traffic.
 
+mod adaptive;
 mod attempt;
 mod batch;
 mod breaker;
@@ -22,8 +23,8 @@ mod hedge;
 mod live;
 mod order;
 mod probe;
+mod state;
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -33,16 +34,27 @@ use sluice_jsonrpc::{Outcome, Request};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
+pub use adaptive::AdaptiveRate;
 pub use breaker::{Breaker, Circuit};
 pub use budget::{DailyQuota, MethodFilter, RateLimit};
 pub(crate) use classify::TOO_LARGE;
-pub use classify::{is_already_known, is_missing_block, judge_error, Verdict};
+pub use classify::{is_already_known, is_missing_block, is_rate_limited, judge_error, Verdict};
 pub use health::Health;
 pub use hedge::{HedgeAfter, HedgeBudget, Recent};
 pub use live::LivePool;
 pub use order::{order, MemberView, Order};
 
 use crate::{Answer, Call, HttpUpstream, Node, UpstreamError, Upstreams};
+use state::State;
+
+/// Budgets kept outside this process (in Redis), so that replicas together stay under a
+/// provider's limits.
+#[async_trait]
+pub trait SharedBudget: Send + Sync + std::fmt::Debug + 'static {
+    /// Takes up to `n` calls of the budgets of member `key` (`rate` per second, `daily` per
+    /// UTC day), shared by every replica; gives how many may be sent.
+    async fn take(&self, key: &str, rate: Option<f64>, daily: Option<u64>, n: usize) -> usize;
+}
 
 /// Pool-wide settings.
 #[derive(Debug, Clone)]
@@ -69,6 +81,11 @@ pub struct PoolConfig {
     pub max_batch: usize,
     /// The network the pool serves: the `network` label of the members' gauges.
     pub network: String,
+    /// How long a call may wait for a member's rate (its queue) before it is refused with
+    /// -32005.
+    pub budget_wait: Duration,
+    /// Members' `rate` and `daily_quota` kept across replicas too (Redis); `None`: per process.
+    pub shared_budget: Option<Arc<dyn SharedBudget>>,
 }
 
 impl Default for PoolConfig {
@@ -85,6 +102,8 @@ impl Default for PoolConfig {
             method_timeouts: Vec::new(),
             max_batch: 100,
             network: "default".to_owned(),
+            budget_wait: Duration::from_secs(1),
+            shared_budget: None,
         }
     }
 }
@@ -125,9 +144,6 @@ impl<N: Node> MemberConfig<N> {
     }
 }
 
-/// Block hashes a member is known to have (its probed heads, answers by hash).
-const KNOWN_HASHES: usize = 256;
-
 struct Member<N> {
     node: N,
     tier: u8,
@@ -135,49 +151,11 @@ struct Member<N> {
     filter: MethodFilter,
     slots: Option<Arc<Semaphore>>,
     max_batch: usize,
+    /// Its configured rate and daily quota (for the shared budgets).
+    limits: (Option<f64>, Option<u64>),
+    /// `network:name`, its budgets' key in the shared store.
+    budget_key: String,
     state: Mutex<State>,
-}
-
-struct State {
-    health: Health,
-    breaker: Breaker,
-    recent: Recent,
-    rate: Option<RateLimit>,
-    quota: Option<DailyQuota>,
-    known_hashes: VecDeque<String>,
-    /// The largest batch the node accepted after refusing a larger one.
-    batch_limit: Option<usize>,
-    /// Answers of "no such block" from this member, for `/status`.
-    missing_blocks: u64,
-    /// Why its last exchange failed, if it did: what a caller is told while its circuit is open.
-    last_error: Option<UpstreamError>,
-}
-
-impl State {
-    /// Whether the member's budgets allow a call now.
-    fn within_budget(&mut self, now: Instant, wall: SystemTime) -> bool {
-        self.rate.as_mut().is_none_or(|r| r.available(now)) && self.quota.as_mut().is_none_or(|q| q.left(wall) > 0)
-    }
-
-    /// Spends up to `n` calls of the budgets; how many it could.
-    fn spend(&mut self, n: usize, now: Instant, wall: SystemTime) -> usize {
-        let n = self.rate.as_mut().map_or(n, |r| r.take_up_to(n, now));
-        // The quota is only charged for what the rate let through.
-        self.quota.as_mut().map_or(n, |q| q.take_up_to(n, wall))
-    }
-
-    fn knows(&self, hash: &str) -> bool {
-        self.known_hashes.iter().any(|h| h == hash)
-    }
-
-    fn learn(&mut self, hash: &str) {
-        if !self.knows(hash) {
-            if self.known_hashes.len() == KNOWN_HASHES {
-                self.known_hashes.pop_front();
-            }
-            self.known_hashes.push_back(hash.to_owned());
-        }
-    }
 }
 
 /// Keeps `in_flight` right when a call is cancelled (the losing half of a hedge).
@@ -225,23 +203,21 @@ impl<N: Node> Pool<N> {
         let members = members
             .into_iter()
             .map(|m| Member {
+                budget_key: format!("{}:{}", config.network, m.client.name()),
                 node: m.client,
                 tier: m.tier,
                 weight: m.weight,
                 filter: m.filter,
                 slots: m.max_concurrency.map(|n| Arc::new(Semaphore::new(n.max(1)))),
                 max_batch: m.max_batch.unwrap_or(config.max_batch).max(1),
-                state: Mutex::new(State {
-                    health: Health::default(),
-                    breaker: Breaker::new(config.breaker_threshold, config.breaker_cooldown),
-                    recent: Recent::default(),
-                    rate: m.rate.map(|r| RateLimit::new(r, Instant::now())),
-                    quota: m.daily_quota.map(|q| DailyQuota::new(q, SystemTime::now())),
-                    known_hashes: VecDeque::new(),
-                    batch_limit: None,
-                    missing_blocks: 0,
-                    last_error: None,
-                }),
+                limits: (m.rate, m.daily_quota),
+                state: Mutex::new(State::new(
+                    Breaker::new(config.breaker_threshold, config.breaker_cooldown),
+                    m.rate,
+                    m.daily_quota,
+                    Instant::now(),
+                    SystemTime::now(),
+                )),
             })
             .collect();
         let hedges = Mutex::new(HedgeBudget::new(config.hedge_max_extra, 10.0));
@@ -285,12 +261,14 @@ impl<N: Node> Pool<N> {
             .iter()
             .map(|m| {
                 let mut state = m.state();
+                let budget = state.budget(now, wall, self.config.budget_wait);
                 MemberView {
                     tier: m.tier,
                     serves: m.filter.allows(call.method()),
                     circuit_allows: state.breaker.would_allow(now),
-                    within_budget: state.within_budget(now, wall),
-                    busy: m.slots.as_ref().is_some_and(|s| s.available_permits() == 0),
+                    within_budget: budget.within,
+                    // At its concurrency limit, or behind its rate's queue: others first.
+                    busy: budget.waits || m.slots.as_ref().is_some_and(|s| s.available_permits() == 0),
                     score: state.health.score(m.weight),
                     head: state.health.head,
                     has_hash: hash.is_some_and(|h| state.knows(h)),
@@ -321,7 +299,13 @@ impl<N: Node> Pool<N> {
             },
             None => None,
         };
-        let allowed = member.state().spend(reqs.len(), Instant::now(), SystemTime::now());
+        let (allowed, wait) =
+            member.state().spend(reqs.len(), Instant::now(), SystemTime::now(), self.config.budget_wait);
+        let allowed = self.spend_shared(i, allowed).await;
+        if !wait.is_zero() {
+            // Its place in the rate's queue (or the provider's Retry-After).
+            tokio::time::sleep(wait).await;
+        }
         let (sent, refused) = reqs.split_at(allowed);
         let mut results = Vec::with_capacity(reqs.len());
         if !sent.is_empty() {
@@ -349,14 +333,26 @@ impl<N: Node> Pool<N> {
                 Err(UpstreamError::BatchRefused) => true,
                 Err(_) => false,
             };
+            let limited = rate_limited(&answer);
             let mut state = member.state();
+            let now = Instant::now();
             state.last_error = answer.as_ref().err().cloned();
             state.health.record(started.elapsed(), healthy);
-            if healthy {
-                state.recent.push(started.elapsed());
-                state.breaker.on_success();
-            } else {
-                state.breaker.on_failure(Instant::now());
+            match limited {
+                // The node is up but over its provider's rate: the adaptive rate answers that,
+                // not the circuit.
+                Some(retry_after) => {
+                    state.adaptive.limited(retry_after, now);
+                    metrics::counter!("sluice_upstream_rate_limited_total", "network" => self.config.network.clone(),
+                        "upstream" => member.node.name().to_owned())
+                    .increment(1);
+                }
+                None if healthy => {
+                    state.adaptive.accepted(sent.len(), now);
+                    state.recent.push(started.elapsed());
+                    state.breaker.on_success();
+                }
+                None => state.breaker.on_failure(now),
             }
             drop(state);
             match answer {
@@ -369,6 +365,17 @@ impl<N: Node> Pool<N> {
         }
         results.extend(refused.iter().map(|_| Err(UpstreamError::BudgetExhausted)));
         results
+    }
+
+    /// Takes `n` calls of member `i`'s shared budgets, when there are any; how many may go.
+    async fn spend_shared(&self, i: usize, n: usize) -> usize {
+        let member = &self.members[i];
+        match (&self.config.shared_budget, member.limits) {
+            (Some(shared), (rate, daily)) if n > 0 && (rate.is_some() || daily.is_some()) => {
+                shared.take(&member.budget_key, rate, daily, n).await
+            }
+            _ => n,
+        }
     }
 
     /// What to tell a caller no member could take: the most telling recent failure of a member
@@ -415,6 +422,10 @@ impl<N: Node> Pool<N> {
                     "lag": s.health.lag(best),
                     "score": s.health.score(m.weight).round(),
                     "rate_left": s.rate.as_mut().map(|r| r.left(now)),
+                    "rate": s.rate.as_ref().map(|r| (r.rate() * 10.0).round() / 10.0),
+                    "rate_cut": s.adaptive.is_cut(),
+                    "rate_cuts": s.adaptive.cuts(),
+                    "paused_ms": s.adaptive.paused_until().map(|p| p.saturating_duration_since(now).as_millis() as u64),
                     "daily_quota_left": s.quota.as_mut().map(|q| q.left(SystemTime::now())),
                     "missing_blocks": s.missing_blocks,
                     "batch_limit": s.batch_limit,
@@ -422,6 +433,23 @@ impl<N: Node> Pool<N> {
             })
             .collect();
         serde_json::json!({ "best_head": best, "upstreams": members })
+    }
+}
+
+/// Whether an exchange was refused for the provider's rate (HTTP 429, or a JSON-RPC rate-limit
+/// error for any call in it), and the `Retry-After` it gave.
+fn rate_limited(answer: &Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>) -> Option<Option<Duration>> {
+    match answer {
+        Err(UpstreamError::RateLimited(retry_after)) => Some(*retry_after),
+        Ok(outcomes) => outcomes
+            .iter()
+            .any(|o| match o {
+                Ok(Outcome::Error(e)) => is_rate_limited(e),
+                Err(UpstreamError::RateLimited(_)) => true,
+                _ => false,
+            })
+            .then_some(None),
+        Err(_) => None,
     }
 }
 

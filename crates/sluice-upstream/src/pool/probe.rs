@@ -55,6 +55,10 @@ fn publish<N: Node>(pool: &Pool<N>) {
         metrics::gauge!("sluice_upstream_score", &labels).set(s.health.score(m.weight));
         metrics::gauge!("sluice_upstream_error_rate", &labels).set(s.health.error_rate);
         metrics::gauge!("sluice_upstream_in_flight", &labels).set(s.health.in_flight as f64);
+        if let Some(rate) = s.rate.as_ref().map(|r| r.rate()) {
+            // The rate in force: the configured one, or lower after the provider's 429s.
+            metrics::gauge!("sluice_upstream_rate_limit", &labels).set(rate);
+        }
         let (network, upstream) = (labels[0].1.clone(), labels[1].1.clone());
         if let Some(left) = s.rate.as_mut().map(|r| r.left(now)) {
             metrics::gauge!("sluice_upstream_budget_left", "network" => network.clone(),

@@ -105,12 +105,75 @@ fn result_text(answer: &Result<crate::Answer, UpstreamError>) -> String {
 async fn one_member_keeps_its_rate() {
     let (mut member, counts) = node("a", |_, _| ok("\"0x1\""));
     member.rate = Some(5.0);
-    let pool = Pool::without_prober(vec![member], config());
+    let pool = Pool::without_prober(vec![member], PoolConfig { budget_wait: Duration::ZERO, ..config() });
     let calls: Vec<Call> = (0..60).map(|i| balance_at(&format!("0x{i:x}"))).collect();
     let answers = futures_util::future::join_all(calls.iter().map(|c| pool.call(c))).await;
     let over = answers.iter().filter(|a| matches!(a, Err(UpstreamError::BudgetExhausted))).count();
     assert!(counts.calls() <= 6, "{} calls reached a node limited to 5/s", counts.calls());
     assert_eq!(over + counts.calls(), 60, "every other call is refused as over budget");
+}
+
+#[tokio::test]
+async fn calls_over_the_rate_wait_their_turn_until_the_queue_is_full() {
+    let (mut member, counts) = node("a", |_, _| ok("\"0x1\""));
+    member.rate = Some(10.0);
+    let wait = Duration::from_millis(500);
+    let pool = Pool::without_prober(vec![member], PoolConfig { budget_wait: wait, ..config() });
+    let calls: Vec<Call> = (0..40).map(|i| balance_at(&format!("0x{i:x}"))).collect();
+    let started = tokio::time::Instant::now();
+    let answers = futures_util::future::join_all(calls.iter().map(|c| pool.call(c))).await;
+    let answered = answers.iter().filter(|a| a.is_ok()).count();
+    let over = answers.iter().filter(|a| matches!(a, Err(UpstreamError::BudgetExhausted))).count();
+    // A burst of 10, then half a second's queue at 10/s; the rest refused at once.
+    assert_eq!((answered, over), (15, 25));
+    assert_eq!(counts.calls(), 15);
+    assert!(started.elapsed() >= Duration::from_millis(500), "the last waited its turn");
+}
+
+#[tokio::test]
+async fn a_429_cuts_the_rate_and_calls_wait_instead_of_failing() {
+    // A node that accepts 10 calls a second and answers 429 to the rest (real time: the
+    // budgets read the clock).
+    let window = Arc::new(std::sync::Mutex::new((std::time::Instant::now(), 0u32)));
+    let (member, counts) = node("a", move |_, _| {
+        let mut w = window.lock().unwrap();
+        if w.0.elapsed() >= Duration::from_secs(1) {
+            *w = (std::time::Instant::now(), 0);
+        }
+        w.1 += 1;
+        if w.1 > 10 {
+            Err(UpstreamError::RateLimited(None))
+        } else {
+            ok("\"0x1\"")
+        }
+    });
+    let pool =
+        Arc::new(Pool::without_prober(vec![member], PoolConfig { budget_wait: Duration::from_secs(2), ..config() }));
+    // 20 calls a second for 4 seconds, each its own task.
+    let mut tasks = Vec::new();
+    for i in 0..80u64 {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move { pool.call(&balance_at(&format!("0x{i:x}"))).await }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut errors = std::collections::BTreeMap::new();
+    let mut answered = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => answered += 1,
+            Err(e) => *errors.entry(e.kind()).or_insert(0) += 1,
+        }
+    }
+    let status = pool.status();
+    let member = &status["upstreams"][0];
+    assert_eq!(member["rate_cut"], true, "{member}");
+    let rate = member["rate"].as_f64().unwrap();
+    assert!(rate <= 12.0, "the rate settled near what the node accepts: {rate}");
+    // Callers see -32005: over budget once the queue is full; the node's 429 itself only when
+    // three attempts in a row met one (rare: the rate rises slowly past the node's).
+    assert!(errors.keys().all(|k| *k == "budget_exhausted" || *k == "rate_limited"), "{errors:?}");
+    assert!(errors.get("rate_limited").copied().unwrap_or(0) <= 4, "{errors:?}");
+    assert!(answered >= 25, "the node's capacity was used: {answered} answered of {} sent", counts.calls());
 }
 
 #[tokio::test]
