@@ -1,6 +1,7 @@
 //! One upstream node over HTTP/1.1 with a keep-alive connection pool.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -12,6 +13,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use sluice_jsonrpc::{Outcome, Request, ResponseEnvelope};
 
+use crate::batcher::Batcher;
 use crate::{Answer, Node, UpstreamError};
 
 /// Settings for an [`HttpUpstream`].
@@ -30,13 +32,16 @@ pub struct HttpUpstreamConfig {
 }
 
 /// One node reached over HTTP. Calls get fresh numeric ids, so the caller's ids never reach the
-/// node and a mismatched answer is detected.
+/// node and a mismatched answer is detected. Cloning is cheap and shares everything.
+#[derive(Clone)]
 pub struct HttpUpstream {
-    config: HttpUpstreamConfig,
+    pub(crate) config: HttpUpstreamConfig,
     uri: hyper::Uri,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    next_id: AtomicU64,
-    metrics: std::sync::OnceLock<Handles>,
+    next_id: Arc<AtomicU64>,
+    metrics: Arc<std::sync::OnceLock<Handles>>,
+    /// Single calls meeting within a window leave as one batch (`batch_window`).
+    batcher: Option<Arc<Batcher>>,
 }
 
 /// The outcomes calls are counted by: `ok` and each [`UpstreamError::kind`].
@@ -80,7 +85,14 @@ impl HttpUpstream {
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)
             .build(connector);
-        Ok(Self { config, uri, client, next_id: AtomicU64::new(1), metrics: std::sync::OnceLock::new() })
+        Ok(Self { config, uri, client, next_id: Arc::new(AtomicU64::new(1)), metrics: Arc::default(), batcher: None })
+    }
+
+    /// Sends single calls that meet within `window` as one JSON-RPC batch of at most `max`
+    /// (cross-request batching; for providers that bill or limit per HTTP request).
+    pub fn with_batching(mut self, window: Duration, max: usize) -> Self {
+        self.batcher = Some(Arc::new(Batcher::new(window, max)));
+        self
     }
 
     fn ids(&self, n: u64) -> u64 {
@@ -289,7 +301,14 @@ impl Node for HttpUpstream {
         reqs: &[&Request],
         timeout: Duration,
     ) -> Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError> {
-        self.call_batch_within(reqs, timeout).await
+        match (&self.batcher, reqs) {
+            (Some(batcher), [one]) => match batcher.submit(self, one, timeout).await {
+                // The exchange as a whole failed: the same for this call as if it went alone.
+                Err(e) if !matches!(e, UpstreamError::InvalidResponse("batch answer missing")) => Err(e),
+                outcome => Ok(vec![outcome]),
+            },
+            _ => self.call_batch_within(reqs, timeout).await,
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 //! Errors are classified ([`UpstreamError`]) so callers can tell an unreachable node from a slow
 //! one or a broken answer, and turned into JSON-RPC errors that never leak upstream internals.
 
+mod batcher;
 mod call;
 mod error;
 mod heads;

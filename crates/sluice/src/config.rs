@@ -408,6 +408,10 @@ pub struct UpstreamConfig {
     /// Most calls in one JSON-RPC batch to this upstream (default `pool.max_batch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_batch: Option<usize>,
+    /// Send single calls to this upstream that meet within this window as one JSON-RPC batch
+    /// (of at most `max_batch`), e.g. "1ms"; absent: each call its own request.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
+    pub batch_window: Option<Duration>,
     /// Requests per second at most (a provider's rate limit), enforced by sluice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
@@ -510,6 +514,7 @@ impl UpstreamConfig {
             ca_file: None,
             max_concurrency: None,
             max_batch: None,
+            batch_window: None,
             rate: None,
             daily_quota: None,
             methods: Vec::new(),

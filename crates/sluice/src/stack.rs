@@ -169,16 +169,18 @@ fn clients(config: &NetworkConfig) -> anyhow::Result<(Vec<HttpUpstream>, Vec<cra
             true => format!("upstream-{i}"),
             false => format!("{}-{i}", config.id),
         });
-        clients.push(
-            HttpUpstream::new(HttpUpstreamConfig {
-                name: name.clone(),
-                network: config.id.clone(),
-                url: http_url,
-                timeout: upstream.timeout,
-                max_response_bytes: upstream.max_response_bytes,
-            })
-            .map_err(anyhow::Error::msg)?,
-        );
+        let mut client = HttpUpstream::new(HttpUpstreamConfig {
+            name: name.clone(),
+            network: config.id.clone(),
+            url: http_url,
+            timeout: upstream.timeout,
+            max_response_bytes: upstream.max_response_bytes,
+        })
+        .map_err(anyhow::Error::msg)?;
+        if let Some(window) = upstream.batch_window {
+            client = client.with_batching(window, upstream.max_batch.unwrap_or(config.pool.max_batch));
+        }
+        clients.push(client);
         configs.push(upstream.clone());
     }
     Ok((clients, configs))

@@ -1,8 +1,9 @@
-//! Upstream budgets as a metered provider sees them, on real anvils behind relays (fakes only
-//! in that they count calls or play the provider's limit): two replicas sharing a real Redis
-//! keep a member's daily quota exactly; a provider that answers 429 above 20 calls a second
-//! gets no more than that from sluice, whose callers wait in its queue instead of failing, and
-//! gets more again when it allows more.
+//! The upstream economy as a metered provider sees it, on real anvils behind relays (fakes only
+//! in that they count calls or play the provider's limit): concurrent calls leave as one batch
+//! per window; two replicas sharing a real Redis keep a member's daily quota exactly; a
+//! provider that answers 429 above 20 calls a second gets no more than that from sluice, whose
+//! callers wait in its queue instead of failing, and gets more again when it allows more.
+//! (Multicall3 aggregation has its own file, aggregate.rs.)
 
 mod common;
 
@@ -26,6 +27,37 @@ fn with_config(toml: &str) -> Configured {
 
 fn balance(i: usize) -> Value {
     json!([format!("0x{:040x}", 0x1000 + i), "latest"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_leave_as_one_batch_per_window_and_each_gets_its_own_answer() {
+    let anvil = Anvil::spawn();
+    let relay =
+        FakeUpstream::spawn(Fault::Relay { to: anvil.http_url(), delay: Duration::ZERO, fail_method: None }).await;
+    let net = with_config(&format!(
+        "[cache]\nenabled = false\n[mempool]\nenabled = false\n[pool]\nprobe_interval = \"10s\"\n\
+         [[upstreams]]\nurl = \"{}\"\nbatch_window = \"5ms\"\nmax_batch = 50\n",
+        relay.url
+    ));
+    let client = reqwest::Client::new();
+    // 200 calls from 200 clients at once; every tenth is invalid (its own error, not the batch's).
+    let params: Vec<Value> =
+        (0..200).map(|i| if i % 10 == 9 { json!(["0xzz", "latest"]) } else { balance(i) }).collect();
+    let before = relay.requests();
+    let url = net.sluice.http_url();
+    let through =
+        futures_util::future::join_all(params.iter().map(|p| rpc(&client, &url, "eth_getBalance", p.clone()))).await;
+    let requests = relay.requests() - before;
+    let anvil_url = anvil.http_url();
+    let direct =
+        futures_util::future::join_all(params.iter().map(|p| rpc(&client, &anvil_url, "eth_getBalance", p.clone())))
+            .await;
+    for ((p, got), want) in params.iter().zip(&through).zip(&direct) {
+        assert_eq!((&got["result"], &got["error"]), (&want["result"], &want["error"]), "{p}");
+    }
+    assert_eq!(through.iter().filter(|a| a.get("error").is_some()).count(), 20);
+    println!("200 concurrent calls: {requests} HTTP requests to the node");
+    assert!(requests <= 50, "{requests} HTTP requests for 200 calls within a 5 ms window");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
