@@ -8,7 +8,7 @@
 #   bash scripts/fuzz.sh all 5           # every target, 5 s each (the test command runs this)
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-all="jsonrpc_parse tx_decode config_parse quic_intake access_credentials"
+all="jsonrpc_parse tx_decode config_parse quic_intake access_credentials multicall_answers"
 targets=${1:-all}
 [ "$targets" = all ] && targets=$all
 seconds=${2:-30}

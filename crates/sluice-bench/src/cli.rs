@@ -45,6 +45,11 @@ pub struct RpcArgs {
     /// Calls per request: more than one sends JSON-RPC batches.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// A page load: N calls from the mix sent at once, each its own HTTP request, as a dapp
+    /// front-end does; rates and counts are then pages, a page's latency lasts until its last
+    /// answer, and a page fails when any of its calls does.
+    #[arg(long, conflicts_with = "batch")]
+    pub page: Option<usize>,
     /// Per-request timeout.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -75,6 +80,11 @@ impl RpcArgs {
         };
         model.validate().map_err(anyhow::Error::msg)?;
         anyhow::ensure!(self.batch >= 1, "--batch must be at least 1");
+        anyhow::ensure!(self.page.is_none_or(|p| p >= 1), "--page must be at least 1");
+        anyhow::ensure!(
+            self.page.is_none() || self.url.starts_with("http://"),
+            "--page: use an http:// URL (over WebSocket, --batch sends concurrent calls)"
+        );
         anyhow::ensure!(!self.timeout.is_zero(), "--timeout must be more than zero");
         anyhow::ensure!(self.max_in_flight >= 1, "--max-in-flight must be at least 1");
         anyhow::ensure!(
@@ -105,7 +115,8 @@ impl RpcArgs {
                 Duration::from_secs(10)
             }),
             mix: Arc::new(mix),
-            batch: self.batch,
+            batch: self.page.unwrap_or(self.batch),
+            page: self.page.is_some(),
             timeout: self.timeout,
             max_in_flight: self.max_in_flight,
             progress: !self.json && std::io::IsTerminal::is_terminal(&std::io::stderr()),

@@ -88,6 +88,7 @@ pub async fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         duration: args.duration,
         mix: Arc::new(crate::mix::Mix::single("eth_chainId", "[]").map_err(anyhow::Error::msg)?),
         batch: 1,
+        page: false,
         timeout: args.timeout,
         max_in_flight: args.max_in_flight,
         progress: false,

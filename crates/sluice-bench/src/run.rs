@@ -28,6 +28,8 @@ pub struct Plan {
     pub mix: Arc<Mix>,
     /// Calls per request (a JSON-RPC batch when more than one).
     pub batch: usize,
+    /// Send a request's calls as concurrent HTTP requests (a page load) instead of one batch.
+    pub page: bool,
     /// Per-request deadline; later answers count as `timeout`.
     pub timeout: Duration,
     /// Most requests in flight in the open models; beyond it requests are counted as
@@ -72,9 +74,13 @@ impl Client {
     }
 
     /// Sends one request (a call or a batch); `Err(reason)` when it failed.
-    async fn send(&self, calls: Vec<Request>, n: u64) -> Result<(), String> {
+    async fn send(&self, calls: Vec<Request>, n: u64, page: bool) -> Result<(), String> {
         let outcomes: Vec<Result<Outcome, UpstreamError>> = match self {
             Client::Http(http) if calls.len() == 1 => vec![http.call(&calls[0]).await.map(|a| a.outcome)],
+            Client::Http(http) if page => {
+                futures_util::future::join_all(calls.iter().map(|c| async { http.call(c).await.map(|a| a.outcome) }))
+                    .await
+            }
             Client::Http(http) => {
                 let refs: Vec<&Request> = calls.iter().collect();
                 http.call_batch(&refs).await.into_iter().map(|r| r.map(|a| a.outcome)).collect()
@@ -140,7 +146,11 @@ pub fn describe(plan: &Plan) -> String {
         Some(n) => format!("{n} requests or {}", humantime::format_duration(plan.duration)),
         None => humantime::format_duration(plan.duration).to_string(),
     };
-    let batch = if plan.batch > 1 { format!(", batches of {}", plan.batch) } else { String::new() };
+    let batch = match (plan.page, plan.batch) {
+        (true, n) => format!(", pages of {n} calls"),
+        (false, n) if n > 1 => format!(", batches of {n}"),
+        _ => String::new(),
+    };
     match plan.model {
         Model::Concurrency(c) => format!("concurrency {c}, {limit}{batch}"),
         Model::Rate(r) => format!("constant rate {r} req/s, {limit}{batch}"),
@@ -163,7 +173,7 @@ pub async fn run_raw(plan: &Plan) -> anyhow::Result<(Recorder, Duration, Option<
         Some(_) => vec![Request::new(Some(Id::number(0)), "eth_chainId", None)],
         None => draw(plan, &mut rng, 0),
     };
-    if let Err(reason) = client.send(preflight, 0).await {
+    if let Err(reason) = client.send(preflight, 0, plan.page).await {
         if reason == "connection failed" || reason == "timeout" {
             anyhow::bail!("cannot reach {}: {reason}", plan.url);
         }
@@ -225,7 +235,7 @@ async fn closed(
             {
                 let calls = draw(&plan, &mut rng, next.fetch_add(1, Ordering::Relaxed));
                 let sent = Instant::now();
-                let result = client.send(calls, n).await;
+                let result = client.send(calls, n, plan.page).await;
                 record(&recorder, &counters, start, sent, result);
                 n += workers as u64;
             }
@@ -264,8 +274,9 @@ async fn open(plan: &Plan, client: Arc<Client>, start: Instant, recorder: &Arc<M
             match permits.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let (client, recorder, counters) = (client.clone(), recorder.clone(), counters.clone());
+                    let page = plan.page;
                     runtime.spawn(async move {
-                        let result = client.send(calls, i).await;
+                        let result = client.send(calls, i, page).await;
                         record(&recorder, &counters, start, due, result);
                         // Release the recorder before the permit: the run unwraps it once all
                         // permits are back.

@@ -17,6 +17,7 @@ fn plan(url: &str, model: Model, duration: Duration) -> Plan {
         duration,
         mix: Arc::new(Mix::single("eth_blockNumber", "[]").unwrap()),
         batch: 1,
+        page: false,
         timeout: Duration::from_secs(2),
         max_in_flight: 1000,
         progress: false,

@@ -297,11 +297,12 @@ impl Upstreams for AggregateLayer {
         }
     }
 
-    /// A batch: its eligible `eth_call`s join their blocks' groups, the rest go down together.
+    /// A batch: its eligible `eth_call`s join their blocks' groups, the rest go down together
+    /// (as one batch, for the pool to group by member).
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let shared = &self.shared;
-        let joins = |c: &&Call| shared.config.eth_call && c.method() == "eth_call";
-        if !calls.iter().any(joins) {
+        let joins = |c: &&Call| c.method() == "eth_call" && eligible(c.req.params_text()).is_some();
+        if !shared.config.eth_call || !calls.iter().any(joins) || !shared.multicall_present() {
             return shared.inner.call_batch(calls).await;
         }
         let (mine, rest): (Vec<usize>, Vec<usize>) = (0..calls.len()).partition(|&i| joins(&calls[i]));

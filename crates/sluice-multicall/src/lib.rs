@@ -16,6 +16,8 @@ pub mod abi;
 mod config;
 mod eligible;
 mod layer;
+#[cfg(test)]
+mod tests;
 
 pub use config::AggregateConfig;
 pub use eligible::{eligible, Eligible};

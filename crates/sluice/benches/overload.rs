@@ -46,6 +46,7 @@ fn main() {
                 duration: Duration::from_secs(seconds),
                 mix: Arc::new(sluice_bench::mix::Mix::single("eth_blockNumber", "[]").expect("a valid call")),
                 batch: 1,
+                page: false,
                 timeout: Duration::from_secs(2),
                 max_in_flight: 50_000,
                 progress: false,

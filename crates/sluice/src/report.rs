@@ -104,6 +104,7 @@ fn plan(url: &str, model: Model, duration: Duration, mix: Mix) -> Plan {
         duration,
         mix: Arc::new(mix),
         batch: 1,
+        page: false,
         timeout: Duration::from_secs(2),
         max_in_flight: 10_000,
         progress: false,
