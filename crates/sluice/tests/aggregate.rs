@@ -156,6 +156,24 @@ async fn looked_up(client: &reqwest::Client, sluice: &Sluice, present: bool) {
     }
 }
 
+/// anvil with the contracts (Multicall3's code only when `multicall`), a counting relay in
+/// front of it, and sluice with aggregation on in front of the relay, its look-up done.
+struct Devnet {
+    anvil: Anvil,
+    relay: FakeUpstream,
+    net: Configured,
+}
+
+async fn devnet(client: &reqwest::Client, code: &HashMap<String, String>, multicall: bool) -> Devnet {
+    let anvil = Anvil::spawn();
+    place(client, &anvil, code, multicall).await;
+    let relay =
+        FakeUpstream::spawn(Fault::Relay { to: anvil.http_url(), delay: Duration::ZERO, fail_method: None }).await;
+    let net = sluice_with(&relay.url, &anvil.ws_url());
+    looked_up(client, &net.sluice, multicall).await;
+    Devnet { anvil, relay, net }
+}
+
 /// The relay's `eth_call` requests (one per HTTP request, whatever it carries).
 fn eth_calls(relay: &FakeUpstream) -> usize {
     relay.requests_for("eth_call")
@@ -165,12 +183,7 @@ fn eth_calls(relay: &FakeUpstream) -> usize {
 async fn aggregated_answers_are_byte_identical_to_direct_ones() {
     let code = compile();
     let client = reqwest::Client::new();
-    let anvil = Anvil::spawn();
-    place(&client, &anvil, &code, true).await;
-    let relay =
-        FakeUpstream::spawn(Fault::Relay { to: anvil.http_url(), delay: Duration::ZERO, fail_method: None }).await;
-    let net = sluice_with(&relay.url, &anvil.ws_url());
-    looked_up(&client, &net.sluice, true).await;
+    let Devnet { anvil, relay, net } = devnet(&client, &code, true).await;
 
     let head = rpc_result(&client, &anvil.http_url(), "eth_getBlockByNumber", json!(["latest", false])).await;
     let number = u64::from_str_radix(head["number"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
@@ -230,12 +243,7 @@ async fn served_by(client: &reqwest::Client, url: &str, params: &Value) -> Strin
 async fn calls_an_aggregate_would_change_and_chains_without_multicall_go_direct() {
     let code = compile();
     let client = reqwest::Client::new();
-    let anvil = Anvil::spawn();
-    place(&client, &anvil, &code, true).await;
-    let relay =
-        FakeUpstream::spawn(Fault::Relay { to: anvil.http_url(), delay: Duration::ZERO, fail_method: None }).await;
-    let net = sluice_with(&relay.url, &anvil.ws_url());
-    looked_up(&client, &net.sluice, true).await;
+    let Devnet { anvil, relay, net } = devnet(&client, &code, true).await;
 
     let echo = |i: u64| format!("0x{}{}", selector("echo(uint256)"), word(i));
     let changed = [
@@ -259,12 +267,7 @@ async fn calls_an_aggregate_would_change_and_chains_without_multicall_go_direct(
     assert_eq!(counter(&client, &net.sluice, "aggregated").await, 0.0);
 
     // A chain without Multicall3's code: never aggregated.
-    let bare = Anvil::spawn();
-    place(&client, &bare, &code, false).await;
-    let bare_relay =
-        FakeUpstream::spawn(Fault::Relay { to: bare.http_url(), delay: Duration::ZERO, fail_method: None }).await;
-    let plain = sluice_with(&bare_relay.url, &bare.ws_url());
-    looked_up(&client, &plain.sluice, false).await;
+    let Devnet { anvil: bare, relay: bare_relay, net: plain } = devnet(&client, &code, false).await;
     let calls: Vec<Value> = (100..120).map(|i| call_to(CORPUS, echo(i).split_off(2), Some(json!("latest")))).collect();
     let before = eth_calls(&bare_relay);
     let through = all_at_once(&client, &plain.sluice.http_url(), &calls).await;
