@@ -65,6 +65,16 @@ ROWS = [
             (f'sum(rate(sluice_pool_hedges_total[{RATE}]))', "hedges"),
             (f'sum(rate(sluice_pool_hedge_wins_total[{RATE}]))', "hedge wins")]),
     ]),
+    ("Upstream economy", [
+        ("Multicall3 aggregation: calls by outcome", "reqps", [
+            (f'sum by (outcome) (rate(sluice_aggregate_calls_total{{{NET}}}[{RATE}]))', "{{outcome}}")]),
+        ("Aggregates sent", "reqps", [
+            (f'sum by (network) (rate(sluice_aggregate_batches_total{{{NET}}}[{RATE}]))', "{{network}}")]),
+        ("Rate in force (configured, or cut after 429s)", "reqps", [
+            (f'sluice_upstream_rate_limit{{{NET}}}', "{{upstream}}")]),
+        ("Rate-limit answers (429) by member", "reqps", [
+            (f'sum by (upstream) (rate(sluice_upstream_rate_limited_total{{{NET}}}[{RATE}]))', "{{upstream}}")]),
+    ]),
     ("Mempool", [
         ("Pending and queued", "short", [
             (f'sum by (network) (sluice_mempool_pending{{{NET}}})', "pending {{network}}"),

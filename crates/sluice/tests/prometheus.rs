@@ -156,7 +156,7 @@ fn the_line<'a>(sluice: &'a Sluice, prefix: &str) -> &'a str {
 }
 
 /// sluice with two upstreams (one with a per-second budget, one with a daily quota), the
-/// anonymous access tier, the QUIC ingress and the mesh on.
+/// anonymous access tier, Multicall3 aggregation, the QUIC ingress and the mesh on.
 fn loaded_sluice(anvil: &Anvil, dir: &Path) -> (Sluice, String, String) {
     let config = dir.join("sluice.toml");
     let url = anvil.http_url();
@@ -165,6 +165,7 @@ fn loaded_sluice(anvil: &Anvil, dir: &Path) -> (Sluice, String, String) {
         format!(
             "[[upstreams]]\nurl = \"{url}\"\nname = \"rated\"\nrate = 100000\n\n\
              [[upstreams]]\nurl = \"{url}\"\nname = \"quota\"\ndaily_quota = 100000000\n\n\
+             [aggregate]\neth_call = true\n\n\
              [access]\nanonymous = \"free\"\n\n[access.keys]\n\"prometheus-test-key-0001\" = \"pro\"\n\n\
              [access.tiers.free]\n\n[access.tiers.pro]\n"
         ),

@@ -194,6 +194,11 @@ impl<N: Node> Pool<N> {
         ] {
             metrics::counter!(name).increment(0);
         }
+        for m in &pool.members {
+            metrics::counter!("sluice_upstream_rate_limited_total", "network" => pool.config.network.clone(),
+                "upstream" => m.node.name().to_owned())
+            .increment(0);
+        }
         tokio::spawn(probe::run(Arc::downgrade(&pool)));
         pool
     }
