@@ -91,6 +91,35 @@ async fn two_replicas_sharing_redis_keep_a_daily_quota_exactly() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_budget_store_fails_fail_open_lets_calls_through_and_fail_closed_refuses() {
+    let anvil = Anvil::spawn();
+    let mut redis = RedisServer::spawn();
+    let config = |fail_open: bool| {
+        format!(
+            "[cache]\nenabled = false\n[mempool]\nenabled = false\n[pool]\nprobe_interval = \"10s\"\n\
+             budget_store = \"{}\"\nbudget_store_fail_open = {fail_open}\n[[upstreams]]\nurl = \"{}\"\ndaily_quota = 1000\n",
+            redis.url(),
+            anvil.http_url()
+        )
+    };
+    let (open, closed) = (with_config(&config(true)), with_config(&config(false)));
+    let client = reqwest::Client::new();
+    let (open_url, closed_url) = (open.sluice.http_url(), closed.sluice.http_url());
+    for url in [&open_url, &closed_url] {
+        assert!(rpc(&client, url, "eth_getBalance", balance(1)).await.get("result").is_some());
+    }
+    redis.kill();
+    let through = rpc(&client, &open_url, "eth_getBalance", balance(2)).await;
+    assert!(through.get("result").is_some(), "fail-open: the local budgets still hold, the call goes: {through}");
+    let refused = rpc(&client, &closed_url, "eth_getBalance", balance(3)).await;
+    assert_eq!(refused["error"]["code"], -32005, "fail-closed: {refused}");
+    for url in [&open_url, &closed_url] {
+        let errors = sluice_testkit::metric(&client, url, "sluice_upstream_budget_store_errors_total").await;
+        assert!(errors.unwrap_or(0.0) >= 1.0, "counted: {errors:?}");
+    }
+}
+
 /// One call's outcome as a caller sees it: "ok", or its error code and reason.
 async fn outcome(client: &reqwest::Client, url: &str, i: usize) -> String {
     let answer = rpc(client, url, "eth_getBalance", balance(i)).await;
