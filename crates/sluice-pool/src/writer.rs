@@ -4,7 +4,9 @@
 //! head updates go first, so ingest never starves them. For the inserts of a batch it journals
 //! the accepted transactions with one write (and one fsync when configured), publishes a new
 //! [`Snapshot`], and only then answers the submitters: once `eth_sendRawTransaction` answers,
-//! the transaction is on disk and visible to every reader. Events (relay, subscriptions) go
+//! the transaction is in the journal (in the OS page cache with `fsync = "os"`, which survives a
+//! crash of sluice; on disk with `fsync = "always"`, which survives a power loss) and visible to
+//! every reader. Events (relay, subscriptions) go
 //! out after publishing. The thread never waits on the network: account state is fetched
 //! before a submission reaches it, and relaying happens elsewhere.
 

@@ -3,8 +3,9 @@
 //! * [`Anvil`]: a real anvil devnet from the project-local tools folder.
 //! * [`Sluice`]: the real `sluice` binary, started with arguments, its address read from stdout.
 //! * [`rpc`]: one JSON-RPC call or raw body over HTTP.
-//! * [`FakeUpstream`]: a fault-injecting fake node (hangs, garbage, slowness) — never used for
-//!   correct answers.
+//! * [`FakeUpstream`]: a fault-injecting fake node (hangs, garbage, slowness, a provider's 429s
+//!   above a rate) or a counting relay in front of a real one — never the source of a correct
+//!   answer.
 //!
 //! Correct answers always come from a real node: the fake upstream only injects faults,
 //! counts calls, or stands in where sluice's own speed is measured. Missing tools fail loudly
