@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-tools.sh
 cargo test --workspace --all-targets "$@"
-# Every libFuzzer target, briefly (seconds each): no crash from its seeds and what it finds.
-bash scripts/fuzz.sh all 5
+# Every libFuzzer target from its committed seeds, then a fixed number of runs with a fixed seed:
+# the same inputs on every run of the same build (open-ended fuzzing: scripts/fuzz.sh TARGET SECONDS).
+bash scripts/fuzz.sh all fixed
