@@ -46,11 +46,13 @@ pub fn is_rate_limited(error: &RawValue) -> bool {
     let value: serde_json::Value = serde_json::from_str(error.get()).unwrap_or_default();
     let code = value["code"].as_i64().unwrap_or(0);
     let message = value["message"].as_str().unwrap_or("").to_ascii_lowercase();
-    code == codes::LIMIT_EXCEEDED
-        || code == 429
-        || message.contains("rate limit")
-        || message.contains("too many requests")
-        || message.contains("exceeded the quota")
+    // Providers also answer -32005 for a query whose answer would be too large: not a rate.
+    !too_large(&message)
+        && (code == codes::LIMIT_EXCEEDED
+            || code == 429
+            || message.contains("rate limit")
+            || message.contains("too many requests")
+            || message.contains("exceeded the quota"))
 }
 
 /// Wordings of nodes and providers refusing a query whose answer would be too large (geth,
@@ -135,6 +137,21 @@ mod tests {
         assert_eq!(judge_error(&raw(r#"{"code":-32601,"message":"no such method"}"#)), Verdict::TryAnother);
         let too_large = r#"{"code":-32005,"message":"query returned more than 10000 results"}"#;
         assert_eq!(judge_error(&raw(too_large)), Verdict::TryAnother, "the query's size, not the node's health");
+    }
+
+    #[test]
+    fn rate_limits_in_many_wordings_but_not_a_query_too_large() {
+        for m in [
+            r#"{"code":-32005,"message":"limit exceeded"}"#,
+            r#"{"code":429,"message":"slow down"}"#,
+            r#"{"code":-32000,"message":"Too Many Requests"}"#,
+            r#"{"code":-32016,"message":"your app has exceeded the quota"}"#,
+            r#"{"code":-32000,"message":"rate limit reached, retry later"}"#,
+        ] {
+            assert!(is_rate_limited(&raw(m)), "{m}");
+        }
+        assert!(!is_rate_limited(&raw(r#"{"code":-32005,"message":"query returned more than 10000 results"}"#)));
+        assert!(!is_rate_limited(&raw(r#"{"code":3,"message":"execution reverted"}"#)));
     }
 
     #[test]
