@@ -81,7 +81,7 @@ async fn the_debian_package_installs_a_service_that_runs_as_its_own_user_with_th
     // front of a real anvil: only the node's address and the port differ from the packaged file.
     let anvil = Anvil::spawn();
     let upstream = anvil.http_url();
-    let sluice = Sluice::spawn_env(
+    let mut sluice = Sluice::spawn_env(
         "runuser",
         &[
             "-u",
@@ -117,7 +117,11 @@ async fn the_debian_package_installs_a_service_that_runs_as_its_own_user_with_th
     })
     .await;
     assert_eq!(owner(journal), "sluice:sluice");
+    // runuser passes SIGTERM on to sluice; wait for both to be gone, so that no process of
+    // the sluice user is left when the purge removes the user (killing runuser at once would
+    // orphan sluice before the signal reached it).
     sluice.terminate();
+    assert!(sluice.wait_exit(Duration::from_secs(30)).is_some(), "sluice stops on SIGTERM");
     drop(sluice);
 
     // Purge takes the state and the user away.
