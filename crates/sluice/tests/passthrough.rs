@@ -54,9 +54,16 @@ async fn a_batch_mixing_everything_matches_anvil_call_by_call() {
     assert_eq!(status, 200);
     let answers = answer.as_array().expect("a batch answer");
     assert_eq!(answers.len(), expected.len() + 1, "notifications get no answer");
-    for (id, direct) in &expected {
+    for ((id, direct), (method, params)) in expected.iter().zip(&corpus) {
         let got = answers.iter().find(|a| &a["id"] == id).unwrap_or_else(|| panic!("no answer for {id}"));
-        assert_eq!(got, direct);
+        if got != direct && params[0] == "pending" {
+            // anvil builds its pending block with the current time: a second may have ticked
+            // since the direct call. Compare with a direct call made now.
+            let again = post(&net.client, &net.anvil.http_url(), call(id.clone(), method, params).to_string()).await.1;
+            assert_eq!(got, &again, "{method} {params}");
+            continue;
+        }
+        assert_eq!(got, direct, "{method} {params}");
     }
     let bad = answers.iter().find(|a| a["id"] == "bad").expect("invalid element answered");
     assert_eq!(bad["error"]["code"], -32600);
