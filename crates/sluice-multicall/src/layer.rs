@@ -57,6 +57,9 @@ struct Shared {
     /// Groups filling up, by the block parameter's text.
     groups: Mutex<HashMap<Option<String>, Group>>,
     next_group: AtomicU64,
+    /// `sluice_aggregate_calls_total` by outcome, in the order of [`OUTCOMES`].
+    calls: [metrics::Counter; OUTCOMES.len()],
+    batches: metrics::Counter,
 }
 
 /// Multicall3 aggregation of `eth_call`, as a layer of the request path (see the crate docs).
@@ -67,11 +70,15 @@ pub struct AggregateLayer {
 impl AggregateLayer {
     /// Aggregates calls to `inner` on network `network` (for the metrics' labels).
     pub fn new(inner: Arc<dyn Upstreams>, config: AggregateConfig, network: &str) -> Self {
-        for outcome in OUTCOMES {
-            metrics::counter!("sluice_aggregate_calls_total", "network" => network.to_owned(), "outcome" => outcome)
-                .increment(0);
-        }
-        metrics::counter!("sluice_aggregate_batches_total", "network" => network.to_owned()).increment(0);
+        // Registered once (and at zero, for dashboards): the request path only increments them.
+        let calls = OUTCOMES.map(|outcome| {
+            let counter =
+                metrics::counter!("sluice_aggregate_calls_total", "network" => network.to_owned(), "outcome" => outcome);
+            counter.increment(0);
+            counter
+        });
+        let batches = metrics::counter!("sluice_aggregate_batches_total", "network" => network.to_owned());
+        batches.increment(0);
         let shared = Arc::new(Shared {
             inner,
             config,
@@ -79,6 +86,8 @@ impl AggregateLayer {
             presence: Mutex::new(Presence::Unknown { retry_at: None }),
             groups: Mutex::new(HashMap::new()),
             next_group: AtomicU64::new(0),
+            calls,
+            batches,
         });
         Self { shared }
     }
@@ -124,8 +133,9 @@ impl Shared {
     }
 
     fn count(&self, outcome: &'static str, n: usize) {
-        metrics::counter!("sluice_aggregate_calls_total", "network" => self.network.clone(), "outcome" => outcome)
-            .increment(n as u64);
+        if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
+            self.calls[i].increment(n as u64);
+        }
     }
 
     /// Whether Multicall3 is known to be here; starts a look-up when nobody knows.
@@ -216,7 +226,7 @@ impl Shared {
             let _ = one.answer.send(answer);
             return;
         }
-        metrics::counter!("sluice_aggregate_batches_total", "network" => self.network.clone()).increment(1);
+        self.batches.increment(1);
         let targets: Vec<Target> = waiting.iter().map(|w| w.target.clone()).collect();
         let aggregate = self.aggregate_call(&waiting, abi::encode(&targets), block.as_deref());
         let results = match self.inner.call(&aggregate).await {

@@ -25,12 +25,6 @@ impl RateLimit {
         self.last = now;
     }
 
-    /// Whether one request may go now (without taking it).
-    pub fn available(&mut self, now: Instant) -> bool {
-        self.refill(now);
-        self.tokens >= 1.0
-    }
-
     /// Takes one request's token if there is one.
     pub fn take(&mut self, now: Instant) -> bool {
         self.refill(now);
