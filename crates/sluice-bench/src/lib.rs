@@ -4,7 +4,8 @@
 //! * [`mix`]: the method mix file (pure);
 //! * [`stats`]: HDR percentiles, errors by reason, per-second series (pure);
 //! * [`run`]: the driver (fixed concurrency, constant rate, ramp; HTTP or WebSocket);
-//! * [`cli`]: the `sluice bench rpc` arguments.
+//! * [`cli`]: the `sluice bench rpc` arguments;
+//! * [`ws`]: `sluice bench ws`, subscription fan-out to many WebSocket clients.
 
 pub mod cli;
 pub mod ingest;
@@ -16,3 +17,4 @@ pub mod run;
 pub mod schedule;
 pub mod stats;
 pub mod txgen;
+pub mod ws;

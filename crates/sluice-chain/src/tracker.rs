@@ -233,6 +233,11 @@ impl ChainView {
         self.hashes.last_key_value().map(|(n, h)| (*n, h.as_str()))
     }
 
+    /// The oldest block the window holds: height and hash.
+    pub fn oldest(&self) -> Option<(u64, &str)> {
+        self.hashes.first_key_value().map(|(n, h)| (*n, h.as_str()))
+    }
+
     /// The hash of a recent canonical block.
     pub fn hash_of(&self, number: u64) -> Option<&str> {
         self.hashes.get(&number).map(String::as_str)

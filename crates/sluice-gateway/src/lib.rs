@@ -71,16 +71,7 @@ impl Default for Limits {
     }
 }
 
-/// A subscription's notifications (each one the `result` of an `eth_subscription` message).
-pub type FeedStream = futures_util::stream::BoxStream<'static, Box<serde_json::value::RawValue>>;
-
-/// Subscriptions sluice serves itself instead of relaying them from an upstream socket (the
-/// mempool's `newPendingTransactions`).
-pub trait LocalFeeds: Send + Sync + 'static {
-    /// The notifications for these `eth_subscribe` params, or `None` when they are not
-    /// served locally (they then go upstream).
-    fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream>;
-}
+pub use sluice_subscriptions::{FeedItem, FeedSet, FeedStream, LocalFeeds, SharedRelay};
 
 /// Everything a request handler needs, shared by all connections. Built by [`GatewayBuilder`].
 pub struct Gateway {
@@ -183,11 +174,9 @@ pub struct NetworkSpec {
     pub chain_id: Option<u64>,
     /// The layers its calls go down.
     pub upstreams: Arc<dyn Upstreams>,
-    /// Where relayed subscriptions go.
-    pub subscription_url: Option<String>,
-    /// Deadline for that socket.
-    pub upstream_timeout: Duration,
-    /// Subscriptions served locally.
+    /// Where subscriptions not served locally go (one shared upstream socket).
+    pub relay: Option<Arc<SharedRelay>>,
+    /// Subscriptions served locally (heads and logs from the hub, pending transactions).
     pub local_feeds: Option<Arc<dyn LocalFeeds>>,
     /// What `/ready` asks (default: `upstreams`).
     pub readiness: Option<Arc<dyn Upstreams>>,
@@ -204,8 +193,7 @@ impl NetworkSpec {
             id: id.into(),
             chain_id: None,
             upstreams,
-            subscription_url: None,
-            upstream_timeout: Duration::from_secs(30),
+            relay: None,
             local_feeds: None,
             readiness: None,
             status: StatusBoard::default(),
@@ -306,8 +294,7 @@ impl GatewayBuilder {
                     pipeline: Pipeline::for_network(id.clone(), spec.upstreams, shared.clone()),
                     id,
                     chain_id: spec.chain_id,
-                    subscription_url: spec.subscription_url,
-                    upstream_timeout: spec.upstream_timeout,
+                    relay: spec.relay,
                     local_feeds: spec.local_feeds,
                     readiness,
                     status: spec.status,

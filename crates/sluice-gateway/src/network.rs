@@ -10,7 +10,6 @@
 //! (and `/evm/{chainId}` when its entry has a chain id; `sluice serve` gives it none).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use sluice_upstream::Upstreams;
 
@@ -31,10 +30,8 @@ pub struct Network {
     pub chain_id: Option<u64>,
     /// Its request pipeline (HTTP and WebSocket alike).
     pub pipeline: Pipeline,
-    /// Where its relayed `eth_subscribe` go: an upstream's `ws://` URL, if it has one.
-    pub subscription_url: Option<String>,
-    /// Deadline for upstream WebSocket connects and calls.
-    pub upstream_timeout: Duration,
+    /// Where its relayed `eth_subscribe` go: one shared socket to an upstream, if it has one.
+    pub relay: Option<Arc<sluice_subscriptions::SharedRelay>>,
     /// Subscriptions answered locally (its mempool's pending transactions).
     pub local_feeds: Option<Arc<dyn LocalFeeds>>,
     /// What `/ready` asks for this network (its upstream pool, below every cache).

@@ -1,13 +1,14 @@
-//! A client's WebSocket session: JSON-RPC calls through the pipeline, and subscriptions relayed
-//! from one upstream WebSocket per client with ids mapped both ways.
+//! A client's WebSocket session: JSON-RPC calls through the pipeline, and subscriptions.
 //!
-//! Calls run concurrently (bounded per socket) so a slow call does not hold up notifications.
-//! The outbox is bounded: a client too slow to take its notifications is disconnected rather
-//! than buffered without limit. When the client leaves, its subscriptions are cancelled upstream
-//! and the upstream socket is closed. When the upstream socket dies, the client is closed with
-//! 1011 so it reconnects and subscribes again, instead of waiting on a dead subscription.
+//! Every subscription is a stream under a fresh client id: served by the network's local feeds
+//! (`newHeads` and `logs` from the subscription hub, pending transactions from the mempool) or,
+//! for anything else, by the network's shared relay (one upstream socket and one upstream
+//! subscription per distinct params, for all clients). Calls run concurrently (bounded per
+//! socket) so a slow call does not hold up notifications. The outbox is bounded: a client too
+//! slow to take its notifications is closed (1008) rather than buffered without limit. A
+//! subscription that cannot go on closes the client with its code (1011 when a relayed
+//! upstream socket was lost, so the client reconnects instead of waiting on a dead one).
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -16,8 +17,9 @@ use futures_util::{SinkExt, StreamExt};
 use sluice_jsonrpc::{
     codes, parse_body, write_responses, ErrorObject, Incoming, Invalid, Outcome, RawValue, Request, Response,
 };
-use sluice_upstream::{Notification, UpstreamSocket};
+use sluice_subscriptions::{FeedItem, FeedStream, TOO_SLOW};
 use tokio::sync::{mpsc, watch, Semaphore};
+use tokio_stream::StreamMap;
 
 use crate::pipeline::{Edge, Reply};
 use crate::route::is_subscription_method;
@@ -49,15 +51,12 @@ pub async fn session(
             }
         }
     });
-    let (local_tx, mut local_rx) = mpsc::channel(OUTBOX);
     let mut session = Session {
         gateway,
         network,
         outbox,
-        subscriptions: Subscriptions::default(),
         calls: Arc::new(Semaphore::new(CALLS_PER_SOCKET)),
-        local: HashMap::new(),
-        local_tx,
+        local: StreamMap::new(),
         caller,
     };
     // Access can be withdrawn while the socket is open: a key revoked or changed (checked
@@ -92,27 +91,20 @@ pub async fn session(
                 };
                 session.on_message(&body).await;
             }
-            Some((client_id, result)) = local_rx.recv() => {
-                if session.local.contains_key(&client_id) && !session.notify(&client_id, &result) {
-                    break Some((1008, "client too slow to take its subscription events".to_owned()));
+            Some((client_id, item)) = session.local.next(), if !session.local.is_empty() => {
+                match item {
+                    FeedItem::Event(result) => if !session.notify(&client_id, &result) {
+                        break Some((1008, TOO_SLOW.to_owned()));
+                    },
+                    FeedItem::Closed(code, why) => break Some((code, why.to_owned())),
                 }
             }
-            event = session.subscriptions.next_notification() => match event {
-                Some(event) => {
-                    if !session.forward(event) {
-                        break Some((1008, "client too slow to take its subscription events".to_owned()));
-                    }
-                }
-                None => break Some((1011, "upstream subscription connection lost".to_owned())),
-            },
             _ = shutdown.changed() => break Some((1001, "server shutting down".to_owned())),
         }
     };
     session.release_subscriptions(session.held());
-    for (_, task) in session.local.drain() {
-        task.abort();
-    }
-    session.subscriptions.close().await;
+    // Dropping the streams releases their shares of relayed upstream subscriptions.
+    session.local.clear();
     if let Some((code, reason)) = close {
         let _ = session.outbox.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
     }
@@ -126,11 +118,10 @@ struct Session {
     /// The network the socket was opened on (its index in the gateway).
     network: usize,
     outbox: mpsc::Sender<Message>,
-    subscriptions: Subscriptions,
     calls: Arc<Semaphore>,
-    /// Locally served subscriptions by client id, each pumped by a task into `local_tx`.
-    local: HashMap<String, tokio::task::AbortHandle>,
-    local_tx: mpsc::Sender<(String, Box<RawValue>)>,
+    /// Subscriptions by client id, polled by the session loop itself (no task per
+    /// subscription: thousands of idle subscribers should cost little).
+    local: StreamMap<String, FeedStream>,
     /// Who opened the socket, when access control is on: every message is charged to it.
     caller: Option<sluice_access::Caller>,
 }
@@ -190,7 +181,7 @@ impl Session {
 
     /// Subscriptions this connection holds.
     fn held(&self) -> u32 {
-        (self.local.len() + self.subscriptions.by_client.len()) as u32
+        self.local.len() as u32
     }
 
     /// Takes a subscription place for this connection's key (always true without access control).
@@ -237,97 +228,51 @@ impl Session {
 
     async fn subscribe(&mut self, req: &Request) -> Outcome {
         let limit = self.gateway.limits.max_subscriptions_per_socket;
-        if self.subscriptions.by_client.len() + self.local.len() >= limit {
+        if self.local.len() >= limit {
             return ErrorObject::new(
                 codes::LIMIT_EXCEEDED,
                 format!("too many subscriptions on this connection (limit {limit})"),
             )
             .into();
         }
-        if let Some(outcome) = self.subscribe_locally(req) {
-            return outcome;
-        }
-        let network = self.network();
-        let (url, timeout) = (network.subscription_url.clone(), network.upstream_timeout);
-        let Some(url) = url.as_deref() else {
-            return ErrorObject::new(codes::METHOD_NOT_FOUND, "subscriptions are not available: no upstream WebSocket")
-                .into();
+        let Some(params) = req.params.as_deref() else {
+            return ErrorObject::new(codes::INVALID_PARAMS, "expected [subscription kind, ...]").into();
         };
-        if self.subscriptions.upstream.is_none() {
-            match UpstreamSocket::connect(url, timeout).await {
-                Ok((socket, events)) => {
-                    self.subscriptions.upstream = Some(socket);
-                    self.subscriptions.events = Some(events);
-                }
-                Err(e) => return e.to_error_object().into(),
-            }
-        }
-        let Some(upstream) = &self.subscriptions.upstream else { unreachable!("connected above") };
-        match upstream.call(req.clone()).await {
-            Ok(Outcome::Result(raw)) => match serde_json::from_str::<String>(raw.get()) {
-                Ok(upstream_id) => {
-                    let client_id = new_subscription_id();
-                    self.subscriptions.by_upstream.insert(upstream_id.clone(), client_id.clone());
-                    self.subscriptions.by_client.insert(client_id.clone(), upstream_id);
-                    Outcome::result(json_string(&client_id))
-                }
-                Err(_) => {
-                    ErrorObject::new(codes::INTERNAL_ERROR, "upstream returned a malformed subscription id").into()
-                }
+        let network = self.network();
+        let local = serde_json::from_str::<Vec<serde_json::Value>>(params.get())
+            .ok()
+            .and_then(|p| network.local_feeds.as_ref()?.subscribe(&p));
+        let stream = match (local, network.relay.clone()) {
+            (Some(stream), _) => stream,
+            (None, Some(relay)) => match relay.subscribe(params).await {
+                Ok(stream) => stream,
+                Err(refused) => return refused,
             },
-            Ok(error) => error,
-            Err(e) => e.to_error_object().into(),
-        }
+            (None, None) => {
+                return ErrorObject::new(codes::METHOD_NOT_FOUND, "subscriptions are not available: no upstream WebSocket")
+                    .into()
+            }
+        };
+        Outcome::result(json_string(&self.start_stream(stream)))
     }
 
     async fn unsubscribe(&mut self, req: &Request) -> Outcome {
         let Ok((client_id,)) = serde_json::from_str::<(String,)>(req.params_text()) else {
             return ErrorObject::new(codes::INVALID_PARAMS, "expected [subscription id]").into();
         };
-        if let Some(task) = self.local.remove(&client_id) {
-            task.abort();
-            return Outcome::result(raw("true"));
-        }
         // An id this connection does not hold is answered `false`, never forwarded: ids are
         // per connection, and another client's subscription must stay out of reach.
-        let Some(upstream_id) = self.subscriptions.by_client.remove(&client_id) else {
-            return Outcome::result(raw("false"));
-        };
-        self.subscriptions.by_upstream.remove(&upstream_id);
-        let Some(upstream) = &self.subscriptions.upstream else {
-            return Outcome::result(raw("true"));
-        };
-        let params = serde_json::value::to_raw_value(&[&upstream_id]).ok();
-        match upstream.call(Request::new(req.id.clone(), "eth_unsubscribe", params)).await {
-            Ok(outcome) => outcome,
-            Err(e) => e.to_error_object().into(),
+        match self.local.remove(&client_id) {
+            Some(_stream) => Outcome::result(raw("true")),
+            None => Outcome::result(raw("false")),
         }
     }
 
-    /// Serves the subscription locally when a local feed takes these params.
-    fn subscribe_locally(&mut self, req: &Request) -> Option<Outcome> {
-        let feeds = self.network().local_feeds.as_ref()?;
-        let params: Vec<serde_json::Value> = serde_json::from_str(req.params_text()).ok()?;
-        let mut stream = feeds.subscribe(&params)?;
+    /// Takes a subscription's stream into this session under a fresh client id.
+    fn start_stream(&mut self, stream: FeedStream) -> String {
         let client_id = new_subscription_id();
-        let (id, tx) = (client_id.clone(), self.local_tx.clone());
-        let task = tokio::spawn(async move {
-            while let Some(result) = stream.next().await {
-                if tx.send((id.clone(), result)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        self.local.insert(client_id.clone(), task.abort_handle());
-        Some(Outcome::result(json_string(&client_id)))
-    }
-
-    /// Relays an upstream event under the client's id; false when the client cannot keep up.
-    fn forward(&self, event: Notification) -> bool {
-        let Some(client_id) = self.subscriptions.by_upstream.get(&event.subscription) else {
-            return true; // an event racing its unsubscribe
-        };
-        self.notify(client_id, &event.result)
+        self.local.insert(client_id.clone(), stream);
+        client_id
     }
 
     /// Queues one `eth_subscription` message; false when the client cannot keep up.
@@ -345,43 +290,6 @@ impl Session {
         if let Some(body) = reply.body.map(|b| b.to_vec()) {
             let _ = self.outbox.send(text(body)).await;
         }
-    }
-}
-
-/// This client's subscriptions and the upstream socket that carries them.
-#[derive(Default)]
-struct Subscriptions {
-    upstream: Option<UpstreamSocket>,
-    events: Option<mpsc::Receiver<Notification>>,
-    by_client: HashMap<String, String>,
-    by_upstream: HashMap<String, String>,
-}
-
-impl Subscriptions {
-    /// The next event; never resolves while there is no upstream socket.
-    async fn next_notification(&mut self) -> Option<Notification> {
-        match &mut self.events {
-            Some(events) => events.recv().await,
-            None => std::future::pending().await,
-        }
-    }
-
-    /// Cancels every subscription upstream, then closes the socket. Bounded: a stuck upstream
-    /// gets two seconds, after which closing the socket ends the subscriptions anyway.
-    async fn close(&mut self) {
-        if let Some(upstream) = self.upstream.take() {
-            let cancel_all = async {
-                for upstream_id in self.by_client.values() {
-                    let params = serde_json::value::to_raw_value(&[upstream_id]).ok();
-                    let req = Request::new(Some(sluice_jsonrpc::Id::number(0)), "eth_unsubscribe", params);
-                    let _ = upstream.call(req).await;
-                }
-            };
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), cancel_all).await;
-        }
-        self.by_client.clear();
-        self.by_upstream.clear();
-        self.events = None;
     }
 }
 

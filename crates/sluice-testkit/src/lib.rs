@@ -6,6 +6,8 @@
 //! * [`FakeUpstream`]: a fault-injecting fake node (hangs, garbage, slowness, a provider's 429s
 //!   above a rate) or a counting relay in front of a real one — never the source of a correct
 //!   answer.
+//! * [`WsRelay`]: a WebSocket relay in front of a node's socket that counts subscriptions and
+//!   can cut every connection.
 //!
 //! Correct answers always come from a real node: the fake upstream only injects faults,
 //! counts calls, or stands in where sluice's own speed is measured. Missing tools fail loudly
@@ -22,7 +24,9 @@ use serde_json::{json, Value};
 mod fake_upstream;
 pub use fake_upstream::{FakeUpstream, Fault, RateWindow};
 pub use tls_relay::TlsRelay;
+pub use ws_relay::WsRelay;
 mod tls_relay;
+mod ws_relay;
 
 /// The workspace root (two levels above the crate under test). Read when the test runs
 /// (cargo sets `CARGO_MANIFEST_DIR` for it), so that a build reused from another checkout of

@@ -63,8 +63,9 @@ impl HeadFeed {
     }
 }
 
-/// Starts following the chain of `upstream` (calls) and `ws_url` (subscription).
-pub fn spawn_head_watcher(upstream: Arc<dyn Upstreams>, ws_url: Option<String>, config: HeadConfig) -> HeadFeed {
+/// Starts following the chain of `upstream` (calls) and `ws_urls` (subscriptions, tried in
+/// turn: when the socket that announces heads dies, the next one takes over).
+pub fn spawn_head_watcher(upstream: Arc<dyn Upstreams>, ws_urls: Vec<String>, config: HeadConfig) -> HeadFeed {
     let (view_tx, view) = watch::channel(Arc::new(ChainView::default()));
     let (events, _) = broadcast::channel(1024);
     let watcher = Watcher {
@@ -75,7 +76,7 @@ pub fn spawn_head_watcher(upstream: Arc<dyn Upstreams>, ws_url: Option<String>, 
         config,
         backfilled: false,
     };
-    tokio::spawn(watcher.run(ws_url));
+    tokio::spawn(watcher.run(ws_urls));
     HeadFeed { view, events }
 }
 
@@ -90,12 +91,18 @@ struct Watcher {
 }
 
 impl Watcher {
-    async fn run(mut self, ws_url: Option<String>) {
+    async fn run(mut self, ws_urls: Vec<String>) {
+        let mut next = 0;
         loop {
-            if let Some(url) = &ws_url {
+            // One round over the sockets, starting after the last one that failed; polling
+            // through the pool (which fails over) covers the time in between.
+            for _ in 0..ws_urls.len() {
+                let url = &ws_urls[next % ws_urls.len()];
                 if let Err(why) = self.follow_subscription(url).await {
-                    tracing::warn!(%why, "newHeads subscription unavailable; polling");
+                    tracing::warn!(%why, %url, "newHeads subscription unavailable");
                 }
+                next += 1;
+                self.poll_once().await;
             }
             self.poll_for(self.config.resubscribe_every).await;
         }

@@ -44,6 +44,9 @@ pub struct Config {
     /// Multicall3 aggregation of `eth_call` (see docs/upstreams.md); off by default.
     #[serde(default)]
     pub aggregate: sluice_multicall::AggregateConfig,
+    /// Subscriptions sluice serves itself (see docs/subscriptions.md).
+    #[serde(default)]
+    pub subscriptions: sluice_subscriptions::SubscriptionsConfig,
     /// API keys, tiers and quotas (see docs/access.md); absent: anyone may call, unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<sluice_access::AccessConfig>,
@@ -609,6 +612,7 @@ pub const KEYS: &[&str] = &[
     "logs",
     "methods",
     "aggregate",
+    "subscriptions",
     "access",
     "ingress",
     "mesh",

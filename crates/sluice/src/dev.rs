@@ -95,6 +95,7 @@ pub fn networks(urls: &[String]) -> Vec<crate::config::NetworkSection> {
             logs: None,
             pool: None,
             aggregate: None,
+            subscriptions: None,
             ingress: None,
         })
         .collect()

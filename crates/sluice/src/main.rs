@@ -112,6 +112,8 @@ enum BenchAction {
     Quic(sluice_bench::quic::QuicCommand),
     /// The peer mesh: N nodes in this process, transactions injected at random nodes.
     Mesh(sluice_bench::mesh::MeshArgs),
+    /// Subscriptions: many WebSocket clients on newHeads and a logs filter while blocks come.
+    Ws(sluice_bench::ws::WsArgs),
     /// Run the benchmark scenarios against a fresh anvil, directly and through sluice, and
     /// write benchmarks.md with plots.
     Report(sluice::report::ReportArgs),
@@ -244,6 +246,7 @@ async fn run(command: Command, loaded: Option<config::Config>) -> anyhow::Result
         Command::Bench { action: BenchAction::Ingest(args) } => sluice_bench::ingest::run_ingest(args).await,
         Command::Bench { action: BenchAction::Quic(command) } => sluice_bench::quic::run_quic(command).await,
         Command::Bench { action: BenchAction::Mesh(args) } => sluice_bench::mesh::run_mesh(args).await,
+        Command::Bench { action: BenchAction::Ws(args) } => sluice_bench::ws::run_ws(args).await,
         Command::Bench { action: BenchAction::Report(args) } => sluice::report::run_report(args).await,
         Command::Keygen(args) => sluice::quic::run_keygen(args),
         Command::Send(args) => sluice::quic::run_send(args).await,

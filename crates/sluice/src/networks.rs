@@ -1,7 +1,7 @@
 //! `[[networks]]`: several chains served by one sluice, each at its own path.
 //!
 //! Each network has an id (its path, `/eth`), a chain id (`/evm/1`), its upstreams, and its own
-//! `cache`, `mempool`, `logs`, `pool` and `aggregate` sections: the top-level sections are the defaults, and
+//! `cache`, `mempool`, `logs`, `pool`, `aggregate` and `subscriptions` sections: the top-level sections are the defaults, and
 //! a network's own table changes only the keys it names. Without `[[networks]]` the top-level
 //! upstreams and sections are one implicit network, served at `/` as always.
 
@@ -43,6 +43,9 @@ pub struct NetworkSection {
     /// Keys of `[aggregate]` this network sets differently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aggregate: Option<Value>,
+    /// Keys of `[subscriptions]` this network sets differently.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscriptions: Option<Value>,
     /// Its own QUIC transaction ingress; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress: Option<sluice_ingress::IngressConfig>,
@@ -72,6 +75,8 @@ pub struct NetworkConfig {
     pub pool: PoolSection,
     /// Its Multicall3 aggregation.
     pub aggregate: sluice_multicall::AggregateConfig,
+    /// Its subscription hub.
+    pub subscriptions: sluice_subscriptions::SubscriptionsConfig,
     /// Its QUIC ingress.
     pub ingress: Option<sluice_ingress::IngressConfig>,
 }
@@ -91,6 +96,7 @@ impl Config {
                 logs: self.logs.clone(),
                 pool: self.pool.clone(),
                 aggregate: self.aggregate.clone(),
+                subscriptions: self.subscriptions.clone(),
                 ingress: self.ingress.clone(),
             }]);
         }
@@ -128,6 +134,7 @@ impl Config {
                 logs: inherit(&self.logs, n.logs.as_ref(), &at, "logs")?,
                 pool: inherit(&self.pool, n.pool.as_ref(), &at, "pool")?,
                 aggregate: inherit(&self.aggregate, n.aggregate.as_ref(), &at, "aggregate")?,
+                subscriptions: inherit(&self.subscriptions, n.subscriptions.as_ref(), &at, "subscriptions")?,
                 ingress: n.ingress.clone(),
                 prefix: at,
             });
@@ -198,6 +205,7 @@ impl NetworkConfig {
         anyhow::ensure!((0.0..=1.0).contains(&p.hedge_max_extra), "{at}pool.hedge_max_extra: must be between 0 and 1");
         sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         self.aggregate.validate().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        self.subscriptions.validate().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         let l = &self.logs;
         anyhow::ensure!(l.max_block_range > 0, "{at}logs.max_block_range: must be more than zero");
         anyhow::ensure!(l.concurrency > 0, "{at}logs.concurrency: must be more than zero");

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_cache::{CacheLayer, CoalesceLayer, RedisConfig, RedisTier};
-use sluice_gateway::{FeedStream, LocalFeeds, NetworkSpec, StatusBoard};
+use sluice_gateway::{FeedItem, FeedSet, FeedStream, LocalFeeds, NetworkSpec, SharedRelay, StatusBoard};
+use sluice_subscriptions::Hub;
 use sluice_ingress::{Ingress, IngressConfig, KeyPair};
 use sluice_jsonrpc::{Id, Outcome, Request};
 use sluice_multicall::AggregateLayer;
@@ -75,6 +76,9 @@ impl Stack {
         let (pool, configs) = build_pool(net).await?;
         let primary = configs.first().ok_or_else(|| anyhow::anyhow!("{}upstreams: none configured", net.prefix))?;
         let (first_url, ws_url) = primary.endpoints().map_err(anyhow::Error::msg)?;
+        // Every upstream's WebSocket, in order: the head feed moves to the next when one dies.
+        let ws_urls =
+            configs.iter().filter_map(|c| c.endpoints().ok().map(|(_, ws)| ws)).collect::<Vec<String>>();
         let upstreams = configs.len();
         // The pool in force, replaced whole by a reload; every layer above keeps its place.
         let live = Arc::new(LivePool::new(pool));
@@ -82,8 +86,9 @@ impl Stack {
         let pool_status = live.clone();
         status.add("", Arc::new(move || pool_status.current().status()));
         let upstream: Arc<dyn Upstreams> = live.clone();
-        // One head feed for the cache and the mempool, when either is on.
-        let feed = (net.cache.enabled || net.mempool.enabled).then(|| {
+        // One head feed for the cache, the mempool and the subscription hub, when any is on.
+        let local_subscriptions = net.subscriptions.local;
+        let feed = (net.cache.enabled || net.mempool.enabled || local_subscriptions).then(|| {
             let cache = &net.cache;
             let heads = HeadConfig {
                 window: cache.window,
@@ -91,7 +96,7 @@ impl Stack {
                 network: net.id.clone(),
                 ..HeadConfig::default()
             };
-            spawn_head_watcher(upstream.clone(), Some(ws_url.clone()), heads)
+            spawn_head_watcher(upstream.clone(), ws_urls, heads)
         });
         // The layers, bottom up: pool ← Multicall3 aggregation ← coalescing ← cache ←
         // eth_getLogs splitting ← mempool.
@@ -115,6 +120,11 @@ impl Stack {
             let settings =
                 LogsConfig { max_block_range: l.max_block_range, concurrency: l.concurrency, max_chunks: l.max_chunks };
             layers = Arc::new(LogsLayer::new(layers, feed.view.clone(), settings));
+        }
+        // The hub fetches blocks and logs through the layers (cached, coalesced), not the mempool.
+        let mut feeds = FeedSet::default();
+        if let (true, Some(feed)) = (local_subscriptions, &feed) {
+            feeds.0.push(Hub::start(layers.clone(), feed.view.clone(), &net.subscriptions, &net.id));
         }
         let mut mempool = None;
         if let (true, Some(feed)) = (net.mempool.enabled, &feed) {
@@ -142,13 +152,13 @@ impl Stack {
         // Configured networks are also at /evm/{chainId}; the implicit one keeps its old paths.
         spec.chain_id = net.chain_id;
         spec.default = net.default;
-        spec.subscription_url = Some(ws_url);
-        spec.upstream_timeout = primary.timeout;
+        spec.relay = Some(SharedRelay::new(ws_url, primary.timeout, net.subscriptions.client_buffer));
         spec.readiness = Some(upstream);
         spec.status = status;
         if let Some(mempool) = &mempool {
-            spec.local_feeds = Some(Arc::new(PendingTransactions(mempool.clone())));
+            feeds.0.push(Arc::new(PendingTransactions(mempool.clone())));
         }
+        spec.local_feeds = (!feeds.0.is_empty()).then(|| Arc::new(feeds) as Arc<dyn LocalFeeds>);
         Ok(Stack { spec, mempool, ingress, first_url, upstreams, pool: live })
     }
 }
@@ -295,7 +305,7 @@ impl LocalFeeds for PendingTransactions {
                     Ok(tx) => {
                         let value = if full { tx.to_rpc() } else { serde_json::json!(tx.tx.hash) };
                         let raw = serde_json::value::to_raw_value(&value).ok()?;
-                        return Some((raw, events));
+                        return Some((FeedItem::Event(Arc::from(raw)), events));
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                         // Counted, not silent: this subscriber fell behind the pool's event feed.

@@ -87,8 +87,13 @@ async fn bad_messages_get_errors_and_the_socket_stays_open() {
     assert_eq!(next(&mut ws).await["result"], "0x7a69");
 }
 
+/// A logs filter with a block range: sluice leaves those to the node (relayed).
+fn relayed() -> serde_json::Value {
+    json!(["logs", {"fromBlock": "latest"}])
+}
+
 #[tokio::test]
-async fn a_client_leaving_releases_its_upstream_socket() {
+async fn relayed_subscriptions_share_one_upstream_socket_released_by_the_last_client() {
     let net = Net::start(&[]).await;
     let base = net.sluice.http_url();
     let gauge = "sluice_upstream_sockets ";
@@ -102,10 +107,34 @@ async fn a_client_leaving_releases_its_upstream_socket() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let before = before.expect("gauge present");
-    let mut ws = connect(&net.sluice.ws_url()).await;
-    subscribe(&mut ws, 1, json!(["newHeads"])).await;
-    assert_eq!(metric(&net.client, &base, gauge).await, Some(before + 1.0));
-    drop(ws);
+    let mut a = connect(&net.sluice.ws_url()).await;
+    let mut b = connect(&net.sluice.ws_url()).await;
+    let sub_a = subscribe(&mut a, 1, relayed()).await;
+    let sub_b = subscribe(&mut b, 1, relayed()).await;
+    // newHeads is served by sluice itself: no upstream socket for it.
+    subscribe(&mut b, 2, json!(["newHeads"])).await;
+    assert_eq!(metric(&net.client, &base, gauge).await, Some(before + 1.0), "one shared socket");
+    let data = format!("0x{}", CONTRACT_INIT.replace(' ', ""));
+    rpc_result(&net.client, &net.anvil.http_url(), "eth_sendTransaction", json!([{"from": DEV_ACCOUNT, "data": data}]))
+        .await;
+    let mut got = (false, false);
+    while !(got.0 && got.1) {
+        let event = next(&mut a).await;
+        got.0 |= event["params"]["subscription"] == sub_a.as_str() && event["params"]["result"]["topics"].is_array();
+        if !got.1 {
+            loop {
+                let event = next(&mut b).await;
+                if event["params"]["subscription"] == sub_b.as_str() {
+                    got.1 = true;
+                    break;
+                }
+            }
+        }
+    }
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(metric(&net.client, &base, gauge).await, Some(before + 1.0), "b still holds it");
+    drop(b);
     let mut released = false;
     for _ in 0..100 {
         if metric(&net.client, &base, gauge).await == Some(before) {
@@ -114,19 +143,21 @@ async fn a_client_leaving_releases_its_upstream_socket() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(released, "upstream socket closed after the client left");
+    assert!(released, "upstream socket closed after the last client left");
 }
 
 #[tokio::test]
-async fn a_dying_upstream_closes_the_client_with_1011() {
+async fn a_dying_upstream_closes_relayed_clients_with_1011_and_keeps_served_ones() {
     let anvil = Anvil::spawn();
     let sluice = Sluice::serve(BIN, &anvil.http_url(), &["--log", "error"]);
-    let mut ws = connect(&sluice.ws_url()).await;
-    subscribe(&mut ws, 1, json!(["newHeads"])).await;
+    let mut relayed_client = connect(&sluice.ws_url()).await;
+    subscribe(&mut relayed_client, 1, relayed()).await;
+    let mut served = connect(&sluice.ws_url()).await;
+    subscribe(&mut served, 1, json!(["newHeads"])).await;
     drop(anvil);
     let close = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
-            match ws.next().await {
+            match relayed_client.next().await {
                 Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
                 Some(Ok(_)) => continue,
                 _ => return None,
@@ -136,4 +167,6 @@ async fn a_dying_upstream_closes_the_client_with_1011() {
     .await
     .expect("closed within 5 s");
     assert_eq!(close, Some(1011));
+    // The served subscription's socket is still open and answers.
+    subscribe(&mut served, 2, json!(["newHeads"])).await;
 }
