@@ -92,8 +92,10 @@ pub struct WsSummary {
     pub kib_per_client: Option<f64>,
     /// sluice's upstream sockets at the end, when `--metrics` was given.
     pub upstream_sockets: Option<f64>,
-    /// CPU seconds per second this generator used.
-    pub generator_cpu: Option<f64>,
+    /// CPU this generator used per measured block, ms (reading every client's messages).
+    pub generator_cpu_ms_per_block: Option<f64>,
+    /// CPU the server under test used per measured block, ms, when `--pid` was given.
+    pub server_cpu_ms_per_block: Option<f64>,
 }
 
 /// Runs `sluice bench ws`.
@@ -113,7 +115,7 @@ pub fn human(s: &WsSummary) -> String {
     format!(
         "{} clients, {} blocks\nhead to every client (fan-out, per block): p50 {} p99 {} max {}\n\
          each delivery: p50 {} p99 {} max {}\nnotifications: {:.0}/s; missed {}, duplicated {}, clients closed {}\n\
-         memory per client: {}; upstream sockets: {}; generator CPU: {}",
+         memory per client: {}; upstream sockets: {}; CPU per block: server {}, generator {}",
         s.clients,
         s.blocks,
         ms(s.fanout_us[0]),
@@ -128,7 +130,8 @@ pub fn human(s: &WsSummary) -> String {
         s.closed,
         s.kib_per_client.map_or("-".into(), |k| format!("{k:.1} KiB")),
         s.upstream_sockets.map_or("-".into(), |n| format!("{n}")),
-        s.generator_cpu.map_or("-".into(), |c| format!("{c:.2} s/s")),
+        s.server_cpu_ms_per_block.map_or("-".into(), |c| format!("{c:.1} ms")),
+        s.generator_cpu_ms_per_block.map_or("-".into(), |c| format!("{c:.1} ms")),
     )
 }
 
@@ -179,6 +182,7 @@ pub async fn measure(args: &WsArgs) -> anyhow::Result<WsSummary> {
     let rss_after = args.pid.and_then(rss_kib);
     let start_head = arrivals.lock().unwrap_or_else(|e| e.into_inner()).keys().max().copied();
     let cpu_before = crate::stats::process_cpu_time();
+    let server_before = args.pid.and_then(process_cpu);
     let started = Instant::now();
     // Produce (or wait for) the measured blocks.
     // With --mine, block `head + k` is the k-th transaction's (anvil mines each at once); its
@@ -187,7 +191,8 @@ pub async fn measure(args: &WsArgs) -> anyhow::Result<WsSummary> {
     let first = match &args.mine {
         Some(node) => {
             let head = http.call(node, "eth_blockNumber", json!([])).await?;
-            let head = head.as_str().and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok()).unwrap_or(0);
+            let head =
+                head.as_str().and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok()).unwrap_or(0);
             let mut tick = tokio::time::interval(args.block_time);
             for k in 1..=args.blocks {
                 tick.tick().await;
@@ -212,7 +217,9 @@ pub async fn measure(args: &WsArgs) -> anyhow::Result<WsSummary> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let wall = started.elapsed();
-    let cpu = crate::stats::process_cpu_time().zip(cpu_before).map(|(a, b)| (a - b).as_secs_f64() / wall.as_secs_f64());
+    let per_block = |d: Duration| d.as_secs_f64() * 1000.0 / args.blocks as f64;
+    let cpu = crate::stats::process_cpu_time().zip(cpu_before).map(|(a, b)| per_block(a - b));
+    let server_cpu = args.pid.and_then(process_cpu).zip(server_before).map(|(a, b)| per_block(a - b));
     let upstream_sockets = match &args.metrics {
         Some(base) => http.metric(base, "sluice_upstream_sockets ").await,
         None => None,
@@ -222,17 +229,6 @@ pub async fn measure(args: &WsArgs) -> anyhow::Result<WsSummary> {
         task.abort();
     }
     let arrivals = arrivals.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    if std::env::var_os("SLUICE_BENCH_DEBUG").is_some() {
-        let mut keys: Vec<_> = arrivals.keys().collect();
-        keys.sort();
-        let sample: Vec<u64> = seen[0].lock().unwrap().heads.iter().map(|(n, _)| *n).collect();
-        eprintln!("first {first} last {last} reference {keys:?} client0 {sample:?}");
-        for (n, at) in &mined {
-            let r = arrivals.get(n).map(|a| a.saturating_duration_since(*at));
-            let c = seen[0].lock().unwrap().heads.iter().find(|(m, _)| m == n).map(|(_, a)| a.saturating_duration_since(*at));
-            eprintln!("block {n}: reference after {r:?}, client0 after {c:?}");
-        }
-    }
     let mut delivery = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let mut fanout = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let mut last_delivery: HashMap<u64, Instant> = HashMap::new();
@@ -275,7 +271,8 @@ pub async fn measure(args: &WsArgs) -> anyhow::Result<WsSummary> {
         closed,
         kib_per_client,
         upstream_sockets,
-        generator_cpu: cpu,
+        generator_cpu_ms_per_block: cpu,
+        server_cpu_ms_per_block: server_cpu,
     })
 }
 
@@ -288,7 +285,10 @@ async fn subscribe(ws: &mut Socket, id: u64, params: Value) -> anyhow::Result<St
         if let Message::Text(text) = message? {
             let answer: Value = serde_json::from_str(&text)?;
             if answer["id"] == id {
-                return answer["result"].as_str().map(str::to_owned).ok_or_else(|| anyhow::anyhow!("refused: {answer}"));
+                return answer["result"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| anyhow::anyhow!("refused: {answer}"));
             }
         }
     }
@@ -332,6 +332,14 @@ fn head_number(text: &str) -> Option<u64> {
     let at = text.find("\"number\":\"0x")? + "\"number\":\"0x".len();
     let digits: String = text[at..].chars().take_while(char::is_ascii_hexdigit).collect();
     u64::from_str_radix(&digits, 16).ok()
+}
+
+/// CPU time (user + system) a process has used, from `/proc/PID/stat` (10 ms ticks).
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// Resident memory of a process, KiB.

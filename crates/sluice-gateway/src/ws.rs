@@ -44,9 +44,19 @@ pub async fn session(
     let (mut sink, mut stream) = socket.split();
     let (outbox, mut outbox_rx) = mpsc::channel::<Message>(OUTBOX);
     let writer = tokio::spawn(async move {
-        while let Some(message) = outbox_rx.recv().await {
-            let closing = matches!(message, Message::Close(_));
-            if sink.send(message).await.is_err() || closing {
+        // Whatever is queued leaves in one write (a head and its logs, say): one flush per
+        // wake-up rather than per message, which is what a fan-out to many sockets costs.
+        'writing: while let Some(message) = outbox_rx.recv().await {
+            let mut next = Some(message);
+            while let Some(message) = next.take() {
+                let closing = matches!(message, Message::Close(_));
+                if sink.feed(message).await.is_err() || closing {
+                    let _ = sink.flush().await;
+                    break 'writing;
+                }
+                next = outbox_rx.try_recv().ok();
+            }
+            if sink.flush().await.is_err() {
                 break;
             }
         }
@@ -89,7 +99,9 @@ pub async fn session(
                     Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
                     Some(Ok(_)) => continue,
                 };
-                session.on_message(&body).await;
+                // Boxed: the call path's state is allocated only while a message is handled,
+                // not carried in every idle session's future.
+                Box::pin(session.on_message(&body)).await;
             }
             Some((client_id, item)) = session.local.next(), if !session.local.is_empty() => {
                 match item {
@@ -249,8 +261,11 @@ impl Session {
                 Err(refused) => return refused,
             },
             (None, None) => {
-                return ErrorObject::new(codes::METHOD_NOT_FOUND, "subscriptions are not available: no upstream WebSocket")
-                    .into()
+                return ErrorObject::new(
+                    codes::METHOD_NOT_FOUND,
+                    "subscriptions are not available: no upstream WebSocket",
+                )
+                .into()
             }
         };
         Outcome::result(json_string(&self.start_stream(stream)))

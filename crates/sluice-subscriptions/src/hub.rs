@@ -226,9 +226,15 @@ impl Follower {
         let mut result = || match answers.next() {
             Some(Ok(answer)) => match answer.outcome {
                 Outcome::Result(raw) => Ok(raw),
-                Outcome::Error(e) => Err(tracing::debug!(number, error = e.get(), "subscription fetch refused")),
+                Outcome::Error(e) => {
+                    tracing::debug!(number, error = e.get(), "subscription fetch refused");
+                    Err(())
+                }
             },
-            Some(Err(e)) => Err(tracing::debug!(number, error = %e, "subscription fetch failed")),
+            Some(Err(e)) => {
+                tracing::debug!(number, error = %e, "subscription fetch failed");
+                Err(())
+            }
             None => Err(()),
         };
         let block = if block { Some(checked_block(result()?, number, hash)?) } else { None };

@@ -30,7 +30,8 @@ impl WsRelay {
         let (counter, gauge, upstream) = (subscribes.clone(), open.clone(), upstream.to_owned());
         let accept = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                let (counter, gauge, upstream, mut cut) = (counter.clone(), gauge.clone(), upstream.clone(), cut_rx.clone());
+                let (counter, gauge, upstream, mut cut) =
+                    (counter.clone(), gauge.clone(), upstream.clone(), cut_rx.clone());
                 tokio::spawn(async move {
                     let Ok(client) = tokio_tungstenite::accept_async(tcp).await else { return };
                     let Ok((node, _)) = tokio_tungstenite::connect_async(upstream.as_str()).await else { return };

@@ -44,6 +44,9 @@ pub struct ReportArgs {
     /// Node counts for the peer mesh rows (200 transactions at 20/s each); `0` skips the mesh.
     #[arg(long, value_delimiter = ',', default_value = "50,200")]
     pub mesh_nodes: Vec<usize>,
+    /// WebSocket clients for the subscription fan-out (scenario h, 10 blocks); `0` skips it.
+    #[arg(long, default_value_t = 2000)]
+    pub ws_clients: usize,
     /// Path to anvil (default: the project's .tools folder, then PATH).
     #[arg(long)]
     pub anvil: Option<PathBuf>,
@@ -241,7 +244,59 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
 
     let mesh = if args.mesh_nodes.contains(&0) { None } else { Some(mesh_section(&args.mesh_nodes).await?) };
 
-    write(&args, &sections, ramp_row, &mix_text, quic, mesh).await
+    let ws = match (args.ws_clients, _cached_child.id()) {
+        (0, _) | (_, None) => None,
+        (clients, Some(pid)) => {
+            eprintln!("scenario h: subscription fan-out to {clients} WebSocket clients");
+            Some(ws_section(&cached, &anvil, pid, clients).await?)
+        }
+    };
+
+    write(&args, &sections, ramp_row, &mix_text, quic, mesh, ws).await
+}
+
+/// Scenario h: `clients` WebSocket clients on newHeads and a logs filter through the cached
+/// sluice, one block with one log per second.
+async fn ws_section(sluice: &str, anvil: &str, pid: u32, clients: usize) -> anyhow::Result<String> {
+    let ws = |url: &str| url.replacen("http://", "ws://", 1);
+    let args = sluice_bench::ws::WsArgs {
+        url: ws(sluice),
+        reference: ws(anvil),
+        clients,
+        blocks: 10,
+        mine: Some(anvil.to_owned()),
+        block_time: Duration::from_secs(1),
+        pid: Some(pid),
+        metrics: Some(sluice.to_owned()),
+        json: false,
+    };
+    let s = sluice_bench::ws::measure(&args).await?;
+    let ms = |us: u64| format!("{:.1}", us as f64 / 1000.0);
+    let opt = |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
+    Ok(format!(
+        "## h. Subscriptions: fan-out to many WebSocket clients
+
+         `sluice bench ws SLUICE_WS --reference ANVIL_WS --clients {clients} --blocks 10 --mine ANVIL_URL --pid PID          --metrics SLUICE_URL`: each client subscribes to `newHeads` and a logs filter; one block with one log per          second. Latency runs from a direct subscriber to anvil receiving the head to each client receiving it          from sluice; the fan-out is the last client's. The clients run in the report's process, on the same          cores as sluice and anvil: compare the two CPU columns. The machine's own limit, a bare fan-out          (`sluice-baseline fanout`) beside sluice, is `bench/ws.sh` (figures in          [subscriptions.md](subscriptions.md#benchmark)).
+
+         | clients | fan-out p50 / p99 ms | each delivery p50 / p99 ms | notifications/s | missed / duplicated / closed |          KiB per client | upstream sockets | CPU per block: sluice / generator ms |
+         |---:|---:|---:|---:|---:|---:|---:|---:|
+         | {} | {} / {} | {} / {} | {:.0} | {} / {} / {} | {} | {} | {} / {} |
+
+",
+        s.clients,
+        ms(s.fanout_us[0]),
+        ms(s.fanout_us[1]),
+        ms(s.delivery_us[0]),
+        ms(s.delivery_us[1]),
+        s.messages_per_s,
+        s.missed,
+        s.duplicated,
+        s.closed,
+        opt(s.kib_per_client, 1),
+        opt(s.upstream_sockets, 0),
+        opt(s.server_cpu_ms_per_block, 0),
+        opt(s.generator_cpu_ms_per_block, 0),
+    ))
 }
 
 /// Scenario g: the peer mesh at the sizes asked for, then batching on and off side by side.
@@ -304,6 +359,7 @@ async fn write(
     mix_text: &str,
     quic: Option<(String, sluice_bench::quic::RttArgs)>,
     mesh: Option<String>,
+    ws: Option<String>,
 ) -> anyhow::Result<()> {
     let plots = args.out.join("bench");
     std::fs::create_dir_all(&plots)?;
@@ -366,6 +422,9 @@ async fn write(
     }
     if let Some(mesh) = mesh {
         md.push_str(&mesh);
+    }
+    if let Some(ws) = ws {
+        md.push_str(&ws);
     }
     md.push_str("## Latency overview\n\n![latency](bench/latency.svg)\n\n");
     md.push_str(

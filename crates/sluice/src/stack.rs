@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use sluice_cache::{CacheLayer, CoalesceLayer, RedisConfig, RedisTier};
 use sluice_gateway::{FeedItem, FeedSet, FeedStream, LocalFeeds, NetworkSpec, SharedRelay, StatusBoard};
-use sluice_subscriptions::Hub;
 use sluice_ingress::{Ingress, IngressConfig, KeyPair};
 use sluice_jsonrpc::{Id, Outcome, Request};
 use sluice_multicall::AggregateLayer;
 use sluice_pool::{Mempool, MempoolConfig, MempoolLayer, PoolView};
+use sluice_subscriptions::Hub;
 use sluice_upstream::logs::{LogsConfig, LogsLayer};
 use sluice_upstream::pool::{LivePool, MemberConfig, MethodFilter, Pool, PoolConfig};
 use sluice_upstream::{
@@ -77,8 +77,7 @@ impl Stack {
         let primary = configs.first().ok_or_else(|| anyhow::anyhow!("{}upstreams: none configured", net.prefix))?;
         let (first_url, ws_url) = primary.endpoints().map_err(anyhow::Error::msg)?;
         // Every upstream's WebSocket, in order: the head feed moves to the next when one dies.
-        let ws_urls =
-            configs.iter().filter_map(|c| c.endpoints().ok().map(|(_, ws)| ws)).collect::<Vec<String>>();
+        let ws_urls = configs.iter().filter_map(|c| c.endpoints().ok().map(|(_, ws)| ws)).collect::<Vec<String>>();
         let upstreams = configs.len();
         // The pool in force, replaced whole by a reload; every layer above keeps its place.
         let live = Arc::new(LivePool::new(pool));

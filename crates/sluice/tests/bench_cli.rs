@@ -59,6 +59,8 @@ fn the_report_writes_tables_and_plots() {
         "1s",
         "--concurrency",
         "2",
+        "--ws-clients",
+        "20",
         "--anvil",
         anvil.to_str().unwrap(),
     ];
@@ -71,11 +73,15 @@ fn the_report_writes_tables_and_plots() {
         "d. Pass-through overhead",
         "b. Incremental ramp",
         "c. A realistic method mix",
+        "h. Subscriptions",
     ] {
         assert!(md.contains(heading), "missing {heading}");
     }
     assert!(md.contains("| cached eth_getBlockByNumber(0x10), c=2 |"));
     assert!(md.contains("| anvil | anvil Version: "), "the report names the anvil it measured");
+    // 20 clients, 10 blocks: every head delivered once, nobody closed, one upstream socket.
+    assert!(md.contains("| 20 | "), "the subscription row");
+    assert!(md.contains(" | 0 / 0 / 0 | "), "no head missed or duplicated, no client closed");
     for plot in ["latency.svg", "ramp.svg"] {
         let svg = std::fs::read_to_string(dir.path().join("bench").join(plot)).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("</svg>"), "{plot}");

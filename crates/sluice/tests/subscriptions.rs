@@ -144,7 +144,10 @@ async fn settled(within: Duration, quiet: Duration, count: impl Fn() -> usize) -
 }
 
 fn numbers(heads: &[Value]) -> Vec<u64> {
-    heads.iter().map(|h| u64::from_str_radix(h["number"].as_str().unwrap_or("0x0").trim_start_matches("0x"), 16).unwrap_or(0)).collect()
+    heads
+        .iter()
+        .map(|h| u64::from_str_radix(h["number"].as_str().unwrap_or("0x0").trim_start_matches("0x"), 16).unwrap_or(0))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,7 +187,8 @@ async fn a_thousand_clients_share_one_upstream_subscription() {
     for salt in 0..5 {
         send_fire(&client, &anvil.http_url(), &emitter(1), 10, salt).await;
     }
-    let expected_logs = settled(Duration::from_secs(20), Duration::from_secs(1), || reference.count(&reference_sub)).await;
+    let expected_logs =
+        settled(Duration::from_secs(20), Duration::from_secs(1), || reference.count(&reference_sub)).await;
     assert!(expected_logs >= 5, "the reference subscription saw {expected_logs} logs");
     let mined: Vec<u64> = (first + 1..=first + 5).collect();
     wait_until("every client got every head and log", Duration::from_secs(60), || {
@@ -340,10 +344,9 @@ async fn filters_match_exactly_what_anvils_own_subscriptions_deliver() {
     for i in 0..9u64 {
         send_fire(&client, &anvil.http_url(), &emitter(1 + (i % 3) as u8), 12, i).await;
     }
-    let total = settled(Duration::from_secs(20), Duration::from_secs(1), || {
-        subs.iter().map(|(d, _)| direct.count(d)).sum()
-    })
-    .await;
+    let total =
+        settled(Duration::from_secs(20), Duration::from_secs(1), || subs.iter().map(|(d, _)| direct.count(d)).sum())
+            .await;
     assert!(total > 300, "the corpus delivered {total} logs directly");
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline && !subs.iter().all(|(d, v)| via.count(v) >= direct.count(d)) {

@@ -6,6 +6,11 @@
 //! * `sluice-baseline fixed --body-file F`: a bare server answering every request with the same
 //!   bytes: what answering from memory costs at least.
 //!
+//! * `sluice-baseline fanout --node WS_URL`: a bare WebSocket fan-out: it subscribes once to the
+//!   node's `newHeads` and to logs of `sluice bench ws`'s emitter, and writes each event to every
+//!   client under that client's subscription id, from the client's own task: what delivering a
+//!   notification to N sockets costs at least (`sluice bench ws` against it).
+//!
 //! Each prints `baseline listening on http://ADDR` once it accepts connections.
 
 use std::convert::Infallible;
@@ -50,6 +55,12 @@ enum What {
         #[arg(long)]
         body_file: PathBuf,
     },
+    /// Fan the node's newHeads (and the bench emitter's logs) out to every WebSocket client.
+    Fanout {
+        /// The node's WebSocket, `ws://HOST:PORT`.
+        #[arg(long)]
+        node: String,
+    },
 }
 
 #[tokio::main]
@@ -90,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .await
         }
+        What::Fanout { node } => fanout::run(listener, &node).await,
         What::Fixed { body_file } => {
             let body = Bytes::from(std::fs::read(&body_file)?);
             serve(listener, move |req: Request<Incoming>| {
@@ -126,5 +138,95 @@ where
                 .serve_connection(TokioIo::new(stream), service_fn(handler))
                 .await;
         });
+    }
+}
+
+/// The bare WebSocket fan-out.
+mod fanout {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use futures_util::{SinkExt, StreamExt};
+    use serde_json::value::RawValue;
+    use tokio::net::TcpListener;
+    use tokio::sync::broadcast;
+    use tokio_tungstenite::tungstenite::Message;
+
+    /// The logs filter `sluice bench ws` subscribes its clients to.
+    const LOGS: &str = r#"["logs",{"address":"0x00000000000000000000000000000000000051ce"}]"#;
+
+    /// One event: which kind (0 heads, 1 logs) and its `result` JSON.
+    type Event = (u8, Arc<str>);
+
+    pub async fn run(listener: TcpListener, node: &str) -> anyhow::Result<()> {
+        let (mut upstream, _) = tokio_tungstenite::connect_async(node).await?;
+        let mut kinds = Vec::new();
+        for (id, params) in [(0u8, r#"["newHeads"]"#), (1, LOGS)] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_subscribe","params":{params}}}"#);
+            upstream.send(Message::text(body)).await?;
+        }
+        while kinds.len() < 2 {
+            let Some(Ok(Message::Text(text))) = upstream.next().await else { anyhow::bail!("node closed") };
+            let answer: serde_json::Value = serde_json::from_str(&text)?;
+            let id = answer["result"].as_str().ok_or_else(|| anyhow::anyhow!("refused: {answer}"))?;
+            kinds.push((answer["id"].as_u64().unwrap_or(0) as u8, id.to_owned()));
+        }
+        let (events, _) = broadcast::channel::<Event>(4096);
+        let tx = events.clone();
+        tokio::spawn(async move {
+            #[derive(serde::Deserialize)]
+            struct Params<'a> {
+                #[serde(borrow)]
+                subscription: &'a str,
+                #[serde(borrow)]
+                result: &'a RawValue,
+            }
+            #[derive(serde::Deserialize)]
+            struct Note<'a> {
+                #[serde(borrow)]
+                params: Params<'a>,
+            }
+            while let Some(Ok(Message::Text(text))) = upstream.next().await {
+                let Ok(note) = serde_json::from_str::<Note>(&text) else { continue };
+                let kind = kinds.iter().find(|(_, id)| id == note.params.subscription).map_or(0, |(k, _)| *k);
+                let _ = tx.send((kind, Arc::from(note.params.result.get())));
+            }
+        });
+        let next = Arc::new(AtomicU64::new(1));
+        loop {
+            let (tcp, _) = listener.accept().await?;
+            let _ = tcp.set_nodelay(true);
+            let (mut rx, n) = (events.subscribe(), next.fetch_add(1, Ordering::Relaxed));
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else { return };
+                let ids = [format!("0x{n:016x}0000"), format!("0x{n:016x}0001")];
+                loop {
+                    tokio::select! {
+                        message = ws.next() => match message {
+                            Some(Ok(Message::Text(text))) => {
+                                // eth_subscribe: newHeads gets id 0, anything else id 1.
+                                let Ok(call) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
+                                let kind = usize::from(call["params"][0] != "newHeads");
+                                let answer = serde_json::json!({"jsonrpc": "2.0", "id": call["id"], "result": ids[kind]});
+                                if ws.send(Message::text(answer.to_string())).await.is_err() { return }
+                            }
+                            Some(Ok(_)) => {}
+                            _ => return,
+                        },
+                        event = rx.recv() => match event {
+                            Ok((kind, result)) => {
+                                let body = format!(
+                                    r#"{{"jsonrpc":"2.0","method":"eth_subscription","params":{{"subscription":"{}","result":{}}}}}"#,
+                                    ids[usize::from(kind)], result
+                                );
+                                if ws.send(Message::text(body)).await.is_err() { return }
+                            }
+                            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                            Err(broadcast::error::RecvError::Closed) => return,
+                        },
+                    }
+                }
+            });
+        }
     }
 }
