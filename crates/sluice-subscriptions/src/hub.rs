@@ -35,6 +35,19 @@ const MAX_STEP: usize = 64;
 
 /// Serves `newHeads` and `logs` for one network.
 pub struct Hub {
+    shared: Arc<Shared>,
+    /// Starts the follower (and, through `view`, the head feed) on the first subscription, so
+    /// that a sluice nobody subscribes to makes no calls for it (a metered provider's quota).
+    start: Mutex<Option<Start>>,
+}
+
+struct Start {
+    follower: Follower,
+    view: Box<dyn FnOnce() -> watch::Receiver<Arc<ChainView>> + Send>,
+}
+
+/// What the follower and the subscribers share.
+struct Shared {
     heads: broadcast::Sender<Arc<RawValue>>,
     groups: Mutex<HashMap<LogFilter, broadcast::Sender<Arc<RawValue>>>>,
     buffer: usize,
@@ -62,38 +75,53 @@ impl LogFields for Log {
 type Kept = Option<Arc<Vec<Log>>>;
 
 impl Hub {
-    /// Starts following `view`, fetching through `upstream` (the network's layers).
-    pub fn start(
+    /// A hub that, on its first subscription, follows the view `view()` gives (starting the
+    /// head feed then, if it was not running), fetching through `upstream` (the network's layers).
+    pub fn new(
         upstream: Arc<dyn Upstreams>,
-        view: watch::Receiver<Arc<ChainView>>,
+        view: impl FnOnce() -> watch::Receiver<Arc<ChainView>> + Send + 'static,
         config: &SubscriptionsConfig,
         network: &str,
     ) -> Arc<Hub> {
-        let hub = Arc::new(Hub {
+        let shared = Arc::new(Shared {
             heads: broadcast::channel(config.client_buffer).0,
             groups: Mutex::new(HashMap::new()),
             buffer: config.client_buffer,
         });
         let follower = Follower {
-            hub: hub.clone(),
+            hub: shared.clone(),
             upstream,
             sent: Emitted::new(config.reorg_window, MAX_STEP),
             metrics: Counters::new(network),
         };
-        tokio::spawn(follower.run(view));
-        hub
+        Arc::new(Hub { shared, start: Mutex::new(Some(Start { follower, view: Box::new(view) })) })
+    }
+
+    fn started(&self) {
+        let start = self.start.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(Start { follower, view }) = start {
+            tokio::spawn(follower.run(view()));
+        }
     }
 
     fn subscribe_heads(&self) -> FeedStream {
-        broadcast_stream(self.heads.subscribe(), None, ())
+        let stream = broadcast_stream(self.shared.heads.subscribe(), None, ());
+        self.started();
+        stream
     }
 
     fn subscribe_logs(&self, filter: LogFilter) -> FeedStream {
-        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
-        let tx = groups.entry(filter).or_insert_with(|| broadcast::channel(self.buffer).0);
-        broadcast_stream(tx.subscribe(), None, ())
+        let stream = {
+            let mut groups = self.shared.groups.lock().unwrap_or_else(|e| e.into_inner());
+            let tx = groups.entry(filter).or_insert_with(|| broadcast::channel(self.shared.buffer).0);
+            broadcast_stream(tx.subscribe(), None, ())
+        };
+        self.started();
+        stream
     }
+}
 
+impl Shared {
     /// The groups someone still reads, after dropping the rest.
     fn live_groups(&self) -> Vec<(LogFilter, broadcast::Sender<Arc<RawValue>>)> {
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
@@ -134,7 +162,7 @@ impl Counters {
 }
 
 struct Follower {
-    hub: Arc<Hub>,
+    hub: Arc<Shared>,
     upstream: Arc<dyn Upstreams>,
     sent: Emitted<Kept>,
     metrics: Counters,
@@ -154,6 +182,14 @@ impl Follower {
                 let plan = self.sent.plan(&*current);
                 if plan.is_empty() {
                     break;
+                }
+                if self.sent.head().is_none() {
+                    // The head as of the first subscription is where subscribers start: only
+                    // blocks after it are sent (as a node's own subscription does).
+                    if let Some((number, hash)) = plan.added.into_iter().last() {
+                        self.sent.record(number, hash, None);
+                    }
+                    continue;
                 }
                 if self.apply(plan).await.is_err() {
                     self.metrics.retries.increment(1);

@@ -85,18 +85,23 @@ impl Stack {
         let pool_status = live.clone();
         status.add("", Arc::new(move || pool_status.current().status()));
         let upstream: Arc<dyn Upstreams> = live.clone();
-        // One head feed for the cache, the mempool and the subscription hub, when any is on.
-        let local_subscriptions = net.subscriptions.local;
-        let feed = (net.cache.enabled || net.mempool.enabled || local_subscriptions).then(|| {
-            let cache = &net.cache;
-            let heads = HeadConfig {
-                window: cache.window,
-                poll_interval: cache.poll_interval,
-                network: net.id.clone(),
-                ..HeadConfig::default()
-            };
-            spawn_head_watcher(upstream.clone(), ws_urls, heads)
-        });
+        // One head feed for the cache and the mempool, when either is on; otherwise the
+        // subscription hub starts one on its first subscriber (a head feed makes calls).
+        let heads = HeadConfig {
+            window: net.cache.window,
+            poll_interval: net.cache.poll_interval,
+            network: net.id.clone(),
+            ..HeadConfig::default()
+        };
+        let start_feed = {
+            let upstream = upstream.clone();
+            move || spawn_head_watcher(upstream, ws_urls, heads)
+        };
+        let (feed, start_feed) = if net.cache.enabled || net.mempool.enabled {
+            (Some(start_feed()), None)
+        } else {
+            (None, Some(start_feed))
+        };
         // The layers, bottom up: pool ← Multicall3 aggregation ← coalescing ← cache ←
         // eth_getLogs splitting ← mempool.
         let mut layers = upstream.clone();
@@ -122,8 +127,13 @@ impl Stack {
         }
         // The hub fetches blocks and logs through the layers (cached, coalesced), not the mempool.
         let mut feeds = FeedSet::default();
-        if let (true, Some(feed)) = (local_subscriptions, &feed) {
-            feeds.0.push(Hub::start(layers.clone(), feed.view.clone(), &net.subscriptions, &net.id));
+        if net.subscriptions.local {
+            if let Some(feed) = &feed {
+                let view = feed.view.clone();
+                feeds.0.push(Hub::new(layers.clone(), move || view, &net.subscriptions, &net.id));
+            } else if let Some(start) = start_feed {
+                feeds.0.push(Hub::new(layers.clone(), move || start().view, &net.subscriptions, &net.id));
+            }
         }
         let mut mempool = None;
         if let (true, Some(feed)) = (net.mempool.enabled, &feed) {
