@@ -99,8 +99,16 @@ impl Hub {
 
     fn started(&self) {
         let start = self.start.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(Start { follower, view }) = start {
-            tokio::spawn(follower.run(view()));
+        if let Some(Start { mut follower, view }) = start {
+            let view = view();
+            // The head known as the first client subscribes is where subscribers start: only
+            // blocks after it are sent (as a node's own subscription does). Read here, not in the
+            // task, so that a block mined before the task first runs is not taken for it. When
+            // no head is known yet (the head feed starts now), the first head learned is sent.
+            if let Some((number, hash)) = view.borrow().latest() {
+                follower.sent.record(number, hash.to_owned(), None);
+            }
+            tokio::spawn(follower.run(view));
         }
     }
 
@@ -171,6 +179,8 @@ struct Follower {
 impl Follower {
     async fn run(mut self, mut view: watch::Receiver<Arc<ChainView>>) {
         let mut retry_at: Option<tokio::time::Instant> = None;
+        // The view may have moved between the subscription and this task's first poll.
+        view.mark_changed();
         loop {
             tokio::select! {
                 changed = view.changed() => if changed.is_err() { return },
@@ -182,14 +192,6 @@ impl Follower {
                 let plan = self.sent.plan(&*current);
                 if plan.is_empty() {
                     break;
-                }
-                if self.sent.head().is_none() {
-                    // The head as of the first subscription is where subscribers start: only
-                    // blocks after it are sent (as a node's own subscription does).
-                    if let Some((number, hash)) = plan.added.into_iter().last() {
-                        self.sent.record(number, hash, None);
-                    }
-                    continue;
                 }
                 if self.apply(plan).await.is_err() {
                     self.metrics.retries.increment(1);
@@ -335,6 +337,47 @@ fn removed_copy(log: &RawValue) -> Result<Arc<RawValue>, ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::StreamExt;
+    use sluice_chain::{HeadTracker, Header};
+    use sluice_upstream::{Answer, UpstreamError};
+
+    use crate::FeedItem;
+
+    /// A stand-in for the network's layers that knows blocks by hash (isolates the hub).
+    struct Blocks;
+
+    #[async_trait::async_trait]
+    impl Upstreams for Blocks {
+        async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+            let params: serde_json::Value = serde_json::from_str(call.req.params_text()).unwrap();
+            let hash = params[0].as_str().unwrap().to_owned();
+            let number = u64::from_str_radix(&hash[hash.len() - 2..], 16).unwrap();
+            let block = format!(r#"{{"number":"{number:#x}","hash":"{hash}"}}"#);
+            Ok(Answer::upstream(Outcome::Result(Arc::from(RawValue::from_string(block).unwrap()))))
+        }
+    }
+
+    fn header(number: u64) -> Header {
+        let hash = |n: u64| format!("0x{:064x}", n);
+        Header { number, hash: hash(number), parent_hash: hash(number.wrapping_sub(1)) }
+    }
+
+    // The block mined right after the first subscription, before the hub's task first runs,
+    // is the first head subscribers get: it is not taken for the head they started from.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_block_mined_as_the_first_client_subscribes_is_sent() {
+        let mut tracker = HeadTracker::new(16);
+        tracker.feed(header(0));
+        let (tx, rx) = watch::channel(Arc::new(tracker.view()));
+        let config = SubscriptionsConfig::default();
+        let hub = Hub::new(Arc::new(Blocks), move || rx, &config, "test");
+        let mut heads = hub.subscribe(&[serde_json::json!("newHeads")]).unwrap();
+        tracker.feed(header(1));
+        tx.send_replace(Arc::new(tracker.view()));
+        let first = tokio::time::timeout(Duration::from_secs(5), heads.next()).await.expect("a head").unwrap();
+        let FeedItem::Event(block) = first else { panic!("closed") };
+        assert!(block.get().contains(r#""number":"0x1""#), "{}", block.get());
+    }
 
     #[test]
     fn logs_keep_the_nodes_bytes_and_their_removed_copy_differs_only_in_the_flag() {
