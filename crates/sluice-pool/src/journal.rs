@@ -5,6 +5,11 @@
 //! is the raw EIP-2718 transaction. Replay reads records until the end or the first incomplete
 //! or corrupt one (a write torn by a crash), truncates there, and returns the rest. Compaction
 //! rewrites the file with the transactions still pooled, via a temporary file and a rename.
+//!
+//! A failed append (a full disk) is cut off again at once, so the records appended after it
+//! follow the last good one; were it left torn in the middle of the file, replay would stop
+//! there and lose every later record. When even that fails, appends are refused until a
+//! compaction rewrites the file.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -24,6 +29,13 @@ pub struct Journal {
     path: PathBuf,
     file: BufWriter<File>,
     sync: Sync,
+    /// Length of the file up to the last good record.
+    len: u64,
+    /// A failed append could not be cut off: the file's end is torn.
+    torn: bool,
+    /// Test hook: the next append writes this many bytes of its records, then fails.
+    #[cfg(test)]
+    pub(crate) fail_after: Option<usize>,
     /// `<path>.lock`, locked while the journal is open: two processes appending to one
     /// journal would corrupt it, so the second one is refused at start.
     _lock: File,
@@ -48,7 +60,17 @@ impl Journal {
             // Drop a torn tail so new records follow the last good one.
             file.set_len(good_len)?;
         }
-        Ok((Journal { path: path.to_owned(), file: BufWriter::new(file), sync, _lock: lock }, records))
+        let journal = Journal {
+            path: path.to_owned(),
+            file: BufWriter::new(file),
+            sync,
+            len: good_len,
+            torn: false,
+            #[cfg(test)]
+            fail_after: None,
+            _lock: lock,
+        };
+        Ok((journal, records))
     }
 
     /// Appends one transaction; returns once it is as durable as the sync policy says.
@@ -58,17 +80,69 @@ impl Journal {
 
     /// Appends several transactions with one flush (and one fsync): the batched writer's path.
     pub fn append_many<'a>(&mut self, raws: impl IntoIterator<Item = &'a [u8]>) -> std::io::Result<()> {
+        if self.torn {
+            return Err(std::io::Error::other("the journal's end is torn by an earlier failed write"));
+        }
+        let mut added = 0u64;
+        let written = self.write_records(raws, &mut added);
+        match written {
+            Ok(()) => {
+                self.len += added;
+                Ok(())
+            }
+            Err(e) => {
+                self.cut_back();
+                Err(e)
+            }
+        }
+    }
+
+    fn write_records<'a>(&mut self, raws: impl IntoIterator<Item = &'a [u8]>, added: &mut u64) -> std::io::Result<()> {
+        #[cfg(test)]
+        if let Some(n) = self.fail_after.take() {
+            let mut bytes = Vec::new();
+            for raw in raws {
+                bytes.extend_from_slice(&(raw.len() as u32).to_be_bytes());
+                bytes.extend_from_slice(&crc32fast::hash(raw).to_be_bytes());
+                bytes.extend_from_slice(raw);
+            }
+            self.file.write_all(&bytes[..n.min(bytes.len())])?;
+            self.file.flush()?;
+            return Err(std::io::Error::other("injected journal failure"));
+        }
         for raw in raws {
             let len = u32::try_from(raw.len()).map_err(|_| std::io::Error::other("record too large"))?;
             self.file.write_all(&len.to_be_bytes())?;
-            self.file.write_all(&crc32(raw).to_be_bytes())?;
+            self.file.write_all(&crc32fast::hash(raw).to_be_bytes())?;
             self.file.write_all(raw)?;
+            *added += 8 + u64::from(len);
         }
         self.file.flush()?;
         if self.sync == Sync::Always {
             self.file.get_ref().sync_data()?;
         }
         Ok(())
+    }
+
+    /// After a failed append: drops what is still buffered and cuts the file back to its last
+    /// good record (appends go to the end, so the next one follows it).
+    fn cut_back(&mut self) {
+        let reopened = OpenOptions::new().append(true).open(&self.path);
+        let cut = reopened.and_then(|file| {
+            file.set_len(self.len)?;
+            Ok(file)
+        });
+        match cut {
+            Ok(file) => {
+                // The old writer's buffer holds the failed records: forget them unwritten.
+                let old = std::mem::replace(&mut self.file, BufWriter::new(file));
+                let _ = old.into_parts();
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "mempool journal cannot be cut back after a failed write");
+                self.torn = true;
+            }
+        }
     }
 
     /// Rewrites the journal with just `live` (the transactions still pooled).
@@ -78,7 +152,7 @@ impl Journal {
             let mut out = BufWriter::new(File::create(&tmp)?);
             for raw in live {
                 out.write_all(&(raw.len() as u32).to_be_bytes())?;
-                out.write_all(&crc32(raw).to_be_bytes())?;
+                out.write_all(&crc32fast::hash(raw).to_be_bytes())?;
                 out.write_all(raw)?;
             }
             out.flush()?;
@@ -92,7 +166,10 @@ impl Journal {
             }
         }
         let file = OpenOptions::new().append(true).open(&self.path)?;
-        self.file = BufWriter::new(file);
+        self.len = file.metadata()?.len();
+        let old = std::mem::replace(&mut self.file, BufWriter::new(file));
+        let _ = old.into_parts();
+        self.torn = false;
         Ok(())
     }
 }
@@ -113,7 +190,7 @@ fn read_records(file: File) -> std::io::Result<(Vec<Vec<u8>>, u64)> {
             break;
         }
         let mut payload = vec![0u8; len as usize];
-        if !read_full(&mut reader, &mut payload)? || crc32(&payload) != crc {
+        if !read_full(&mut reader, &mut payload)? || crc32fast::hash(&payload) != crc {
             break;
         }
         good += 8 + u64::from(len);
@@ -135,24 +212,29 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<bool> {
 }
 
 /// CRC-32 (IEEE), bitwise: records are small and this keeps the crate free of another dependency.
-fn crc32(data: &[u8]) -> u32 {
-    let mut crc = 0xffff_ffffu32;
-    for &byte in data {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
-        }
-    }
-    !crc
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn crc_matches_the_standard_check_value() {
-        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
+        assert_eq!(crc32fast::hash(b"123456789"), 0xcbf4_3926);
+    }
+
+    // A failed append (a full disk) must not leave a torn record in the middle of the file:
+    // replay stops at the first torn record, so every record appended after it would be lost.
+    #[test]
+    fn a_failed_append_is_cut_off_and_later_records_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pool.journal");
+        let (mut journal, _) = Journal::open(&path, Sync::Os).unwrap();
+        journal.append(b"before").unwrap();
+        journal.fail_after = Some(11);
+        assert!(journal.append_many([&b"failed one"[..], &b"failed two"[..]]).is_err());
+        journal.append(b"after").unwrap();
+        drop(journal);
+        let (_, replayed) = Journal::open(&path, Sync::Os).unwrap();
+        assert_eq!(replayed, [b"before".to_vec(), b"after".to_vec()]);
     }
 
     #[test]

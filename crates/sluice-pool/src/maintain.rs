@@ -184,10 +184,9 @@ impl Mempool {
             senders.into_iter().zip(states).filter_map(|(a, s)| s.ok().map(|(nonce, _)| (a, nonce))).collect();
         let _ = self.commands.send(Command::Resync(nonces));
         let count = dropped.len();
-        let results = futures_util::future::join_all(
-            dropped.into_iter().map(|p| self.submit_with(p.raw.clone(), Origin::Reorg, true)),
-        )
-        .await;
+        // In block order, so each sender's nonces come back in order.
+        let raws = dropped.into_iter().map(|p| p.raw.clone()).collect();
+        let results = self.submit_in_order(raws, Origin::Reorg, true).await;
         let back = results.iter().filter(|r| r.is_ok()).count();
         metrics::counter!("sluice_mempool_reinjected_total", "network" => self.config.network.clone())
             .increment(back as u64);

@@ -163,7 +163,7 @@ pub struct Status {
     pub queued: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Sender {
     txs: BTreeMap<u64, Arc<PoolTx>>,
     nonce: u64,
@@ -192,6 +192,9 @@ pub struct Pool {
     base_fee: u128,
     /// Sum of the senders' cached `pending`: keeps [`Pool::status`] O(1).
     pending_total: usize,
+    /// While a checkpoint is open: each changed sender as it was before its first change
+    /// (`None`: it had no transactions).
+    undo: Option<HashMap<Address, Option<Sender>>>,
 }
 
 impl Pool {
@@ -270,9 +273,51 @@ impl Pool {
         (p.to_vec(), q.to_vec())
     }
 
+    /// Starts recording changes, so that [`Pool::rollback`] can undo them (the writer
+    /// inserts a batch, and undoes it when the journal cannot take it).
+    pub fn checkpoint(&mut self) {
+        self.undo = Some(HashMap::new());
+    }
+
+    /// Keeps the changes since [`Pool::checkpoint`].
+    pub fn commit(&mut self) {
+        self.undo = None;
+    }
+
+    /// Puts every sender changed since [`Pool::checkpoint`] back as it was: transactions
+    /// replaced or evicted by the undone inserts come back.
+    pub fn rollback(&mut self) {
+        let Some(undo) = self.undo.take() else { return };
+        for (address, before) in undo {
+            if let Some(now) = self.senders.remove(&address) {
+                self.pending_total -= now.pending;
+                for tx in now.txs.values() {
+                    self.by_hash.remove(&tx.hash);
+                }
+            }
+            if let Some(before) = before {
+                self.pending_total += before.pending;
+                for tx in before.txs.values() {
+                    self.by_hash.insert(tx.hash, tx.clone());
+                }
+                self.senders.insert(address, before);
+            }
+        }
+    }
+
+    /// Records a sender's state before its first change under a checkpoint.
+    fn save(&mut self, sender: &Address) {
+        if let Some(undo) = self.undo.as_mut() {
+            if !undo.contains_key(sender) {
+                undo.insert(*sender, self.senders.get(sender).cloned());
+            }
+        }
+    }
+
     /// Inserts a transaction, given its sender's account nonce and balance at the head.
     pub fn insert(&mut self, tx: PoolTx, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
         let sender = tx.sender;
+        self.save(&sender);
         let result = self.try_insert(tx, nonce, balance);
         if result.is_err() {
             // A refusal may have left a new sender without transactions behind.
@@ -414,6 +459,8 @@ impl Pool {
     /// Removes one transaction (dropped, evicted or rejected later by the node). A gap it
     /// leaves can push the queued count over its limit: call [`Pool::trim`] after removals.
     pub fn remove(&mut self, hash: &B256) -> Option<Arc<PoolTx>> {
+        let sender = self.by_hash.get(hash)?.sender;
+        self.save(&sender);
         let tx = self.by_hash.remove(hash)?;
         if let Some(s) = self.senders.get_mut(&tx.sender) {
             if s.txs.get(&tx.nonce).is_some_and(|t| t.hash == *hash) {
@@ -427,6 +474,7 @@ impl Pool {
     /// A new head moved `sender`'s nonce to `nonce`: its transactions below it were mined (or
     /// replaced on chain) and leave. Returns their hashes.
     pub fn advance(&mut self, sender: &Address, nonce: u64) -> Vec<B256> {
+        self.save(sender);
         let Some(s) = self.senders.get_mut(sender) else { return Vec::new() };
         s.nonce = s.nonce.max(nonce);
         let keep = s.txs.split_off(&nonce);
@@ -441,6 +489,7 @@ impl Pool {
     /// Sets a sender's account nonce as the head now says, lower or higher (after a reorg the
     /// chain may have forgotten nonces it had used). Transactions below it leave.
     pub fn reset_nonce(&mut self, sender: &Address, nonce: u64) -> Vec<B256> {
+        self.save(sender);
         if let Some(s) = self.senders.get_mut(sender) {
             s.nonce = nonce;
         }
@@ -506,6 +555,48 @@ mod tests {
 
     fn pool() -> Pool {
         Pool::new(Config::default())
+    }
+
+    /// Every sender's transactions, hashes in nonce order, for comparing pools.
+    fn contents(p: &Pool) -> Vec<(Address, Vec<B256>, Vec<B256>)> {
+        let mut senders: Vec<Address> = p.senders().copied().collect();
+        senders.sort();
+        senders
+            .into_iter()
+            .map(|a| {
+                let (pending, queued) = p.content_of(&a);
+                (a, pending.iter().map(|t| t.hash).collect(), queued.iter().map(|t| t.hash).collect())
+            })
+            .collect()
+    }
+
+    // The writer's undo when the journal refuses a batch: replacements, evictions (a sender
+    // evicted to nothing included), gap fills and new senders all come back as they were.
+    #[test]
+    fn a_rollback_puts_the_pool_back_as_it_was_at_the_checkpoint() {
+        let mut p = Pool::new(Config { global_slots: 4, account_slots: 1, ..Config::default() });
+        p.insert(tx(1, 0, 10), 0, rich()).unwrap();
+        p.insert(tx(1, 1, 10), 0, rich()).unwrap();
+        p.insert(tx(2, 0, 5), 0, rich()).unwrap();
+        p.insert(tx(3, 1, 10), 0, rich()).unwrap();
+        let (before, status) = (contents(&p), p.status());
+        p.checkpoint();
+        let replaced = p.insert(tx(1, 1, 20), 0, rich()).unwrap();
+        assert!(replaced.replaced.is_some());
+        p.insert(tx(4, 0, 30), 0, rich()).unwrap();
+        let evicting = p.insert(tx(5, 0, 30), 0, rich()).unwrap();
+        assert!(!evicting.evicted.is_empty(), "the batch evicted");
+        assert!(p.insert(tx(3, 0, 40), 0, rich()).unwrap().pending, "a gap fill");
+        p.rollback();
+        assert_eq!((contents(&p), p.status()), (before.clone(), status));
+        assert_eq!(p.len(), 4);
+        for (_, pending, queued) in &before {
+            assert!(pending.iter().chain(queued).all(|h| p.get(h).is_some()), "indexed by hash again");
+        }
+        // Without a checkpoint, nothing is recorded and a rollback changes nothing.
+        p.insert(tx(6, 0, 10), 0, rich()).unwrap();
+        p.rollback();
+        assert!(p.get(&tx(6, 0, 10).hash).is_some());
     }
 
     #[test]

@@ -9,13 +9,14 @@ use std::time::Duration;
 use alloy_primitives::{Address, Bytes, B256};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use sluice_upstream::{HeadFeed, Upstreams};
 use tokio::sync::{broadcast, oneshot, Semaphore};
 
 use crate::journal::{Journal, Sync};
 use crate::state::StateReader;
 use crate::status::{Statuses, TxStatus};
-use crate::verify::{Verifier, VerifyError};
+use crate::verify::{Admission, Verified, Verifier, VerifyError};
 use crate::view::{Pooled, Snapshot};
 use crate::writer::{Command, Submission, Writer};
 use crate::{Config, DecodeError, InsertError, Pool, Rules};
@@ -86,7 +87,29 @@ pub enum Origin {
     Peer,
     /// Re-injected after a reorg dropped its block.
     Reorg,
+    /// Replayed from the journal at start.
+    Journal,
 }
+
+impl Origin {
+    /// When the intake is full: outside callers (who can retry) are refused as busy; the
+    /// pool's own work (replay, re-injection) and its peers' wait for room, so nothing
+    /// acknowledged is dropped for being busy.
+    pub fn admission(self) -> Admission {
+        match self {
+            Origin::Rpc | Origin::Quic => Admission::Refuse,
+            Origin::Peer | Origin::Reorg | Origin::Journal => Admission::Wait,
+        }
+    }
+}
+
+/// Internal submissions are inserted in chunks of this many: one state read per distinct
+/// sender and one journal write per chunk.
+const IN_ORDER_CHUNK: usize = 1024;
+
+/// Replay passes before the records still unsettled (account state unreadable) are left in
+/// the journal for the next start; the wait between passes grows to 10 s.
+const REPLAY_PASSES: u64 = 60;
 
 /// Why a submission was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -178,9 +201,12 @@ impl Mempool {
             relay: relay_tx,
             pending_events: pending_events.clone(),
             txs: Default::default(),
-            journal_records: 0,
             dirty: Default::default(),
             index: Vec::new(),
+            replaying: !replay.is_empty(),
+            unsettled: Vec::new(),
+            // Counted, so that compaction after replay follows the file's true size.
+            journal_records: replay.len(),
         };
         let (commands, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -263,20 +289,62 @@ impl Mempool {
         self.replay(replay).await;
     }
 
-    /// Re-validates the journal's transactions into the pool, then compacts the journal.
-    async fn replay(&self, raws: Vec<Vec<u8>>) {
+    /// Re-validates the journal's transactions into the pool, in journal order, then compacts
+    /// the journal. Records whose account state cannot be read are tried again (in the
+    /// background after the first pass, so sluice starts) and are never compacted away.
+    async fn replay(self: &Arc<Self>, raws: Vec<Vec<u8>>) {
         if raws.is_empty() {
             return;
         }
         let total = raws.len();
-        let results = futures_util::future::join_all(
-            raws.into_iter().map(|raw| self.submit_with(Bytes::from(raw), Origin::Rpc, false)),
-        )
-        .await;
+        let todo: Vec<Bytes> = raws.into_iter().map(Bytes::from).collect();
+        let (kept, todo) = self.replay_pass(todo).await;
+        if todo.is_empty() {
+            self.replayed(total, kept, Vec::new()).await;
+            return;
+        }
+        let mempool = self.clone();
+        tokio::spawn(async move {
+            let (mut kept, mut todo) = (kept, todo);
+            for pass in 1..REPLAY_PASSES {
+                tracing::warn!(
+                    unsettled = todo.len(),
+                    "mempool journal replay: account state unreadable; trying again"
+                );
+                tokio::time::sleep(Duration::from_secs(pass.min(10))).await;
+                let (more, left) = mempool.replay_pass(todo).await;
+                (kept, todo) = (kept + more, left);
+                if todo.is_empty() {
+                    break;
+                }
+            }
+            if !todo.is_empty() {
+                tracing::error!(
+                    unsettled = todo.len(),
+                    "mempool journal replay gave up; they stay in the journal for the next start"
+                );
+            }
+            mempool.replayed(total, kept, todo).await;
+        });
+    }
+
+    /// One pass: how many were pooled, and the records to try again.
+    async fn replay_pass(&self, todo: Vec<Bytes>) -> (usize, Vec<Bytes>) {
+        let results = self.submit_in_order(todo.clone(), Origin::Journal, false).await;
         let kept = results.iter().filter(|r| r.is_ok()).count();
-        let (tx, rx) = oneshot::channel();
-        let _ = self.commands.send(Command::Compact(tx));
-        let _ = rx.await;
+        let again = todo
+            .into_iter()
+            .zip(results)
+            .filter(|(_, r)| matches!(r, Err(SubmitError::Unavailable(_))))
+            .map(|(raw, _)| raw)
+            .collect();
+        (kept, again)
+    }
+
+    async fn replayed(&self, total: usize, kept: usize, unsettled: Vec<Bytes>) {
+        let (reply, done) = oneshot::channel();
+        let _ = self.commands.send(Command::Replayed { unsettled, reply });
+        let _ = done.await;
         tracing::info!(journaled = total, kept, "mempool journal replayed");
         metrics::counter!("sluice_mempool_replayed_total", "network" => self.config.network.clone())
             .increment(kept as u64);
@@ -314,53 +382,153 @@ impl Mempool {
         if self.snapshot.load().by_hash.contains_key(&hash) {
             return Ok(hash);
         }
-        let _permit = self.inflight.try_acquire().map_err(|_| SubmitError::Busy)?;
-        let rules = self.rules.load_full().ok_or_else(|| {
-            SubmitError::Unavailable("the chain id is not known yet (the upstream has not answered)".into())
-        })?;
+        let _permit = match origin.admission() {
+            Admission::Refuse => self.inflight.try_acquire().map_err(|_| SubmitError::Busy)?,
+            Admission::Wait => self.inflight.acquire().await.map_err(|_| stopping())?,
+        };
+        let rules = self.rules.load_full().ok_or_else(unknown_chain)?;
         // Decoding and sender recovery run on the verifier threads, in parallel, before
         // anything is locked, and beside (not in front of) the readers.
-        let (tx, envelope) = match self.verifier.verify(raw.clone(), rules).await {
-            Ok(decoded) => decoded,
-            Err(VerifyError::Invalid(e)) => {
-                let network = self.config.network.clone();
-                metrics::counter!("sluice_mempool_refused_total", "network" => network, "reason" => e.label())
-                    .increment(1);
-                return Err(e.into());
-            }
-            Err(VerifyError::Busy) => {
-                let network = self.config.network.clone();
-                metrics::counter!("sluice_mempool_refused_total", "network" => network, "reason" => "busy")
-                    .increment(1);
-                return Err(SubmitError::Busy);
-            }
-            Err(VerifyError::Stopped) => return Err(SubmitError::Unavailable("the mempool is stopping".into())),
-        };
+        let verified = self.verifier.verify(raw.clone(), rules, origin.admission()).await;
+        let (tx, envelope) = verified.map_err(|e| self.refused(e))?;
         let hash = tx.hash;
         if self.snapshot.load().by_hash.contains_key(&hash) {
             return Ok(hash);
         }
         let (nonce, balance) = self.state.get(tx.sender).await.map_err(SubmitError::Unavailable)?;
+        let answer = self.insert(Pooled { tx, raw, envelope }, nonce, balance, journal)?;
+        let result = answer.await.map_err(|_| stopping())?;
+        self.settle(hash, origin, result)
+    }
+
+    /// Hands one verified transaction to the writer; its answer comes on the receiver.
+    fn insert(
+        &self,
+        pooled: Pooled,
+        nonce: u64,
+        balance: alloy_primitives::U256,
+        journal: bool,
+    ) -> Result<oneshot::Receiver<Result<B256, InsertError>>, SubmitError> {
         let (reply, answer) = oneshot::channel();
-        let pooled = Arc::new(Pooled { tx, raw, envelope });
-        let submission = Submission { pooled, nonce, balance, journal, reply: Some(reply) };
-        self.commands
-            .send(Command::Insert(submission))
-            .map_err(|_| SubmitError::Unavailable("the mempool is stopping".into()))?;
-        let result = answer.await.map_err(|_| SubmitError::Unavailable("the mempool is stopping".into()))?;
+        let submission = Submission { pooled: Arc::new(pooled), nonce, balance, journal, reply: Some(reply) };
+        self.commands.send(Command::Insert(submission)).map_err(|_| stopping())?;
+        Ok(answer)
+    }
+
+    /// A verifier's refusal, counted.
+    fn refused(&self, e: VerifyError) -> SubmitError {
+        let reason = match &e {
+            VerifyError::Invalid(e) => e.label(),
+            VerifyError::Busy => "busy",
+            VerifyError::Stopped => return stopping(),
+        };
+        metrics::counter!("sluice_mempool_refused_total", "network" => self.config.network.clone(), "reason" => reason)
+            .increment(1);
+        match e {
+            VerifyError::Invalid(e) => e.into(),
+            _ => SubmitError::Busy,
+        }
+    }
+
+    /// The writer's answer as the submitter sees it.
+    fn settle(&self, hash: B256, origin: Origin, result: Result<B256, InsertError>) -> Result<B256, SubmitError> {
         match result {
             Ok(_) | Err(InsertError::AlreadyKnown) => {
                 tracing::debug!(%hash, ?origin, "transaction pooled");
                 Ok(hash)
             }
-            Err(InsertError::NonceTooLow { .. }) if origin == Origin::Reorg => {
+            Err(e @ InsertError::NonceTooLow { .. }) if origin == Origin::Reorg => {
                 // Included again by the new chain.
                 self.statuses.record(hash, TxStatus::Mined { block: None });
-                Err(result.unwrap_err().into())
+                Err(e.into())
             }
             Err(e) => Err(e.into()),
         }
     }
+
+    /// Internal submissions in bulk (journal replay, reorg re-injection): verified in
+    /// parallel, waiting for room rather than refused as busy, then inserted in the order
+    /// given, so a sender's nonces arrive in order and none is refused as a gap over
+    /// `account_queue`. One answer per transaction, in order.
+    pub(crate) async fn submit_in_order(
+        &self,
+        raws: Vec<Bytes>,
+        origin: Origin,
+        journal: bool,
+    ) -> Vec<Result<B256, SubmitError>> {
+        let Some(rules) = self.rules.load_full() else {
+            return raws.iter().map(|_| Err(unknown_chain())).collect();
+        };
+        // Half the queue at most, so outside callers still find room meanwhile.
+        let window = (self.config.verify_queue / 2).max(1);
+        let mut verified = futures_util::stream::iter(raws)
+            .map(|raw| {
+                let rules = rules.clone();
+                async move {
+                    let verified = self.verifier.verify(raw.clone(), rules, Admission::Wait).await;
+                    (raw, verified)
+                }
+            })
+            .buffered(window);
+        let mut results = Vec::new();
+        let mut chunk = Vec::with_capacity(IN_ORDER_CHUNK);
+        loop {
+            let next = verified.next().await;
+            let end = next.is_none();
+            chunk.extend(next);
+            if chunk.len() >= IN_ORDER_CHUNK || (end && !chunk.is_empty()) {
+                results.extend(self.insert_in_order(std::mem::take(&mut chunk), origin, journal).await);
+            }
+            if end {
+                return results;
+            }
+        }
+    }
+
+    /// Inserts a chunk of verified transactions in order: one state read per distinct sender,
+    /// then every insert queued to the writer before any answer is awaited (one batch there).
+    async fn insert_in_order(
+        &self,
+        chunk: Vec<(Bytes, Result<Verified, VerifyError>)>,
+        origin: Origin,
+        journal: bool,
+    ) -> Vec<Result<B256, SubmitError>> {
+        let mut senders: Vec<Address> =
+            chunk.iter().filter_map(|(_, v)| v.as_ref().ok().map(|(tx, _)| tx.sender)).collect();
+        senders.sort_unstable();
+        senders.dedup();
+        let states: std::collections::HashMap<Address, _> =
+            senders.iter().copied().zip(self.state.get_many(&senders).await).collect();
+        let queued: Vec<_> = chunk
+            .into_iter()
+            .map(|(raw, verified)| {
+                let (tx, envelope) = verified.map_err(|e| self.refused(e))?;
+                let hash = tx.hash;
+                let state = states.get(&tx.sender).cloned().unwrap_or_else(|| Err("no state read".into()));
+                let (nonce, balance) = state.map_err(SubmitError::Unavailable)?;
+                Ok((hash, self.insert(Pooled { tx, raw, envelope }, nonce, balance, journal)?))
+            })
+            .collect();
+        let mut results = Vec::with_capacity(queued.len());
+        for item in queued {
+            results.push(match item {
+                Ok((hash, answer)) => match answer.await {
+                    Ok(result) => self.settle(hash, origin, result),
+                    Err(_) => Err(stopping()),
+                },
+                Err(e) => Err(e),
+            });
+        }
+        results
+    }
+}
+
+fn stopping() -> SubmitError {
+    SubmitError::Unavailable("the mempool is stopping".into())
+}
+
+fn unknown_chain() -> SubmitError {
+    SubmitError::Unavailable("the chain id is not known yet (the upstream has not answered)".into())
 }
 
 #[async_trait]

@@ -4,7 +4,9 @@
 //! Recovery is the costliest step of ingest (tens of µs of secp256k1 per transaction). Run on
 //! the async workers, a burst of submissions would queue every read behind it; here it runs
 //! beside them, and the kernel gives the readers' threads the CPU first (the verifiers are
-//! niced). A full queue refuses at once (`Busy`) instead of growing without bound.
+//! niced). The queue is bounded: when it is full, an outside caller is refused at once (`Busy`)
+//! and internal work (journal replay, reorg re-injection, peers) waits for room, so nothing the
+//! pool already holds or owes is ever dropped for being busy.
 
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -12,11 +14,24 @@ use std::time::Instant;
 
 use alloy_consensus::TxEnvelope;
 use alloy_primitives::Bytes;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::{decode, DecodeError, PoolTx, Rules};
 
-type Job = (Bytes, Arc<Rules>, oneshot::Sender<Result<(PoolTx, TxEnvelope), DecodeError>>);
+/// A transaction to verify, with its place in the queue (released once it is verified).
+type Job = (Bytes, Arc<Rules>, oneshot::Sender<Result<Verified, DecodeError>>, OwnedSemaphorePermit);
+
+/// A verified transaction: the pool's view of it and its decoded envelope.
+pub type Verified = (PoolTx, TxEnvelope);
+
+/// Whether a caller waits for room in a full queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Refused at once (`Busy`): outside callers, who can retry.
+    Refuse,
+    /// Waits: internal work the pool must not drop.
+    Wait,
+}
 
 /// Why a transaction could not be verified.
 #[derive(Debug)]
@@ -32,6 +47,8 @@ pub enum VerifyError {
 /// A handle to the verifier threads.
 pub struct Verifier {
     jobs: SyncSender<Job>,
+    /// One permit per queue place: waiting happens here, in async, not on the channel.
+    room: Arc<Semaphore>,
 }
 
 /// Jobs a verifier takes per turn at most.
@@ -41,6 +58,7 @@ impl Verifier {
     /// Starts `threads` verifiers with a queue of `capacity` transactions, at niceness `nice`
     /// (0 is normal; higher yields the CPU to the readers' threads first).
     pub fn start(threads: usize, capacity: usize, nice: i32) -> std::io::Result<Self> {
+        let capacity = capacity.max(1);
         let (jobs, rx) = sync_channel::<Job>(capacity);
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads.max(1) {
@@ -61,19 +79,25 @@ impl Verifier {
                         },
                         Err(_) => return,
                     }
-                    for (raw, rules, reply) in jobs.drain(..) {
+                    for (raw, rules, reply, _place) in jobs.drain(..) {
                         let _ = reply.send(decode(&raw, &rules, Instant::now()));
                     }
                 }
             })?;
         }
-        Ok(Self { jobs })
+        Ok(Self { jobs, room: Arc::new(Semaphore::new(capacity)) })
     }
 
-    /// Decodes, checks and recovers `raw` on a verifier thread.
-    pub async fn verify(&self, raw: Bytes, rules: Arc<Rules>) -> Result<(PoolTx, TxEnvelope), VerifyError> {
+    /// Decodes, checks and recovers `raw` on a verifier thread; when the queue is full,
+    /// refuses or waits as `admission` says.
+    pub async fn verify(&self, raw: Bytes, rules: Arc<Rules>, admission: Admission) -> Result<Verified, VerifyError> {
+        let place = match admission {
+            Admission::Refuse => self.room.clone().try_acquire_owned().map_err(|_| VerifyError::Busy)?,
+            Admission::Wait => self.room.clone().acquire_owned().await.map_err(|_| VerifyError::Stopped)?,
+        };
         let (reply, answer) = oneshot::channel();
-        match self.jobs.try_send((raw, rules, reply)) {
+        // Never full: a job holds one of `capacity` places.
+        match self.jobs.try_send((raw, rules, reply, place)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => return Err(VerifyError::Busy),
             Err(TrySendError::Disconnected(_)) => return Err(VerifyError::Stopped),

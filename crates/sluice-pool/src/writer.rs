@@ -15,7 +15,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use alloy_primitives::{Address, B256, U256};
+use alloy_primitives::{Address, Bytes, B256, U256};
 use arc_swap::ArcSwap;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -26,6 +26,9 @@ use crate::{InsertError, Pool};
 
 /// Most commands applied per batch.
 pub const MAX_BATCH: usize = 1024;
+
+/// An answer to a submitter, sent once the snapshot is published.
+type Reply = (oneshot::Sender<Result<B256, InsertError>>, Result<B256, InsertError>);
 
 /// One validated transaction with its sender's account state at the head.
 pub(crate) struct Submission {
@@ -56,8 +59,12 @@ pub(crate) enum Command {
     },
     /// Drop queued transactions past their lifetime.
     Expire,
-    /// Rewrite the journal with just the live transactions now.
-    Compact(oneshot::Sender<()>),
+    /// The journal's replay is over: rewrite the journal with the live transactions and
+    /// `unsettled` (records replay could not settle, kept for the next start).
+    Replayed {
+        unsettled: Vec<Bytes>,
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// Everything the writer thread owns or publishes to.
@@ -79,6 +86,12 @@ pub(crate) struct Writer {
     /// Hash index changes since the last publish, in order: the snapshot's index is updated
     /// by exactly these (persistent maps copy a path per write, so no write is wasted).
     pub index: Vec<IndexChange>,
+    /// The journal is being replayed: no compaction until it is over, since a compaction keeps
+    /// only what is pooled and records not yet replayed would be lost.
+    pub replaying: bool,
+    /// Journal records that replay could not settle (account state unreadable): every
+    /// compaction keeps them.
+    pub unsettled: Vec<Bytes>,
 }
 
 /// One change to the published hash index.
@@ -141,7 +154,11 @@ impl Writer {
                         self.forget(&evicted, TxStatus::Evicted);
                     }
                 }
-                Command::Compact(reply) => compact.push(reply),
+                Command::Replayed { unsettled, reply } => {
+                    self.replaying = false;
+                    self.unsettled = unsettled;
+                    compact.push(reply);
+                }
                 Command::Expire => {
                     let gone = self.pool.expire(Instant::now());
                     self.forget(&gone, TxStatus::Expired);
@@ -192,76 +209,89 @@ impl Writer {
 
     /// Inserts a batch; journals the accepted ones with one write. Returns the answers to send
     /// once the snapshot is published.
-    #[allow(clippy::type_complexity)]
-    fn insert_all(
-        &mut self,
-        inserts: Vec<Submission>,
-        changes: &mut Changes,
-    ) -> Vec<(oneshot::Sender<Result<B256, InsertError>>, Result<B256, InsertError>)> {
+    ///
+    /// A transaction is accepted only once the journal holds it. The journaled inserts run
+    /// under a pool checkpoint and change nothing else until the write succeeded: when it
+    /// fails, the pool is rolled back, so what they replaced or evicted (already acknowledged)
+    /// stays pooled, and they are refused.
+    fn insert_all(&mut self, inserts: Vec<Submission>, changes: &mut Changes) -> Vec<Reply> {
         let mut replies = Vec::with_capacity(inserts.len());
-        let mut to_journal: Vec<Arc<Pooled>> = Vec::new();
-        let mut accepted_replies = Vec::new();
-        for s in inserts {
-            let hash = s.pooled.tx.hash;
+        let (journaled, replayed): (Vec<_>, Vec<_>) = inserts.into_iter().partition(|s| s.journal);
+        // Replayed from the journal: already in it.
+        for s in replayed {
             let result = self.pool.insert(s.pooled.tx.clone(), s.nonce, s.balance);
-            let result = match result {
-                Ok(done) => {
-                    changes.touched.insert(s.pooled.tx.sender);
-                    self.txs.insert(hash, s.pooled.clone());
-                    self.index.push(IndexChange::Add(s.pooled.clone()));
-                    if let Some(old) = done.replaced {
-                        self.forget(&[old], TxStatus::Replaced { by: hash });
-                    }
-                    self.forget(&done.evicted, TxStatus::Evicted);
-                    self.forget(&done.mined, TxStatus::Mined { block: None });
-                    metrics::counter!("sluice_mempool_accepted_total", "network" => self.network.clone()).increment(1);
-                    if s.journal {
-                        to_journal.push(s.pooled.clone());
-                        if let Some(reply) = s.reply {
-                            accepted_replies.push((reply, hash));
-                        }
-                        continue;
-                    }
-                    Ok(hash)
-                }
-                Err(e) => {
-                    let network = self.network.clone();
-                    metrics::counter!("sluice_mempool_refused_total", "network" => network, "reason" => e.label())
-                        .increment(1);
-                    Err(e)
-                }
-            };
+            let result = result.map(|done| self.accept(&s.pooled, done, changes)).map_err(|e| self.refuse(e));
             if let Some(reply) = s.reply {
                 replies.push((reply, result));
             }
         }
-        if to_journal.is_empty() {
+        if journaled.is_empty() {
             return replies;
         }
+        self.pool.checkpoint();
+        let mut accepted = Vec::new();
+        for s in journaled {
+            match self.pool.insert(s.pooled.tx.clone(), s.nonce, s.balance) {
+                Ok(done) => accepted.push((s, done)),
+                Err(e) => {
+                    let e = self.refuse(e);
+                    if let Some(reply) = s.reply {
+                        replies.push((reply, Err(e)));
+                    }
+                }
+            }
+        }
         let written = match &mut self.journal {
-            Some(journal) => journal.append_many(to_journal.iter().map(|p| p.raw.as_ref())),
-            None => Ok(()),
+            Some(journal) if !accepted.is_empty() => {
+                journal.append_many(accepted.iter().map(|(s, _)| s.pooled.raw.as_ref()))
+            }
+            _ => Ok(()),
         };
         match written {
             Ok(()) => {
-                self.journal_records += to_journal.len();
-                replies.extend(accepted_replies.into_iter().map(|(reply, hash)| (reply, Ok(hash))));
+                self.pool.commit();
+                self.journal_records += accepted.len();
+                for (s, done) in accepted {
+                    let hash = self.accept(&s.pooled, done, changes);
+                    if let Some(reply) = s.reply {
+                        replies.push((reply, Ok(hash)));
+                    }
+                }
             }
             Err(e) => {
-                // Not durable, so not accepted: take them out again and say why.
+                // Not durable, so not accepted; the pool is as it was before the batch.
+                self.pool.rollback();
                 tracing::error!(error = %e, "mempool journal write failed; refusing the batch");
                 metrics::counter!("sluice_mempool_journal_errors_total", "network" => self.network.clone())
                     .increment(1);
-                for p in &to_journal {
-                    self.pool.remove(&p.tx.hash);
-                    self.txs.remove(&p.tx.hash);
-                    self.index.push(IndexChange::Remove(p.tx.hash));
-                }
                 let why = InsertError::Journal(e.to_string());
-                replies.extend(accepted_replies.into_iter().map(|(reply, _)| (reply, Err(why.clone()))));
+                replies.extend(accepted.into_iter().filter_map(|(s, _)| s.reply.map(|r| (r, Err(why.clone())))));
             }
         }
         replies
+    }
+
+    /// Takes an inserted transaction into the writer's state: its bytes, the index, and the
+    /// statuses of what it displaced.
+    fn accept(&mut self, pooled: &Arc<Pooled>, done: crate::Inserted, changes: &mut Changes) -> B256 {
+        let hash = pooled.tx.hash;
+        changes.touched.insert(pooled.tx.sender);
+        self.txs.insert(hash, pooled.clone());
+        self.index.push(IndexChange::Add(pooled.clone()));
+        if let Some(old) = done.replaced {
+            self.forget(&[old], TxStatus::Replaced { by: hash });
+        }
+        self.forget(&done.evicted, TxStatus::Evicted);
+        self.forget(&done.mined, TxStatus::Mined { block: None });
+        metrics::counter!("sluice_mempool_accepted_total", "network" => self.network.clone()).increment(1);
+        hash
+    }
+
+    /// A refusal by the pool's rules, counted.
+    fn refuse(&self, e: InsertError) -> InsertError {
+        let network = self.network.clone();
+        metrics::counter!("sluice_mempool_refused_total", "network" => network, "reason" => e.label()).increment(1);
+        e
     }
 
     /// Forgets transactions that left the pool, recording why.
@@ -332,18 +362,86 @@ impl Writer {
     /// Rewrites the journal with the live transactions once it is mostly dead records.
     fn maybe_compact(&mut self) {
         let live = self.txs.len();
-        if self.journal_records > 2 * live + 4096 {
+        if !self.replaying && self.journal_records > 2 * live + 4096 {
             self.compact();
         }
     }
 
     fn compact(&mut self) {
-        let live = self.txs.len();
+        let live = self.txs.len() + self.unsettled.len();
         if let Some(journal) = &mut self.journal {
-            match journal.compact(self.txs.values().map(|p| p.raw.as_ref())) {
+            let kept = self.txs.values().map(|p| p.raw.as_ref()).chain(self.unsettled.iter().map(|r| r.as_ref()));
+            match journal.compact(kept) {
                 Ok(()) => self.journal_records = live,
                 Err(e) => tracing::error!(error = %e, "mempool journal compaction failed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::Sync;
+    use crate::{decode, Rules};
+    use sluice_bench::txgen::{Fees, SignedTx, Wallet};
+
+    fn writer(journal: Journal) -> Writer {
+        Writer {
+            network: "test".into(),
+            pool: Pool::new(crate::Config::default()),
+            journal: Some(journal),
+            snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
+            statuses: Statuses::new(1024),
+            relay: mpsc::unbounded_channel().0,
+            pending_events: broadcast::channel(16).0,
+            txs: HashMap::new(),
+            journal_records: 0,
+            dirty: HashSet::new(),
+            index: Vec::new(),
+            replaying: false,
+            unsettled: Vec::new(),
+        }
+    }
+
+    /// Inserts through the writer as a submitter would; its answer.
+    fn submit(writer: &mut Writer, signed: &SignedTx) -> Result<B256, InsertError> {
+        let rules = Rules { chain_id: 1, max_size: 128 * 1024, block_gas_limit: 30_000_000 };
+        let raw = alloy_primitives::Bytes::from(signed.raw.clone());
+        let (tx, envelope) = decode(&raw, &rules, Instant::now()).expect("a valid transaction");
+        let (reply, mut answer) = oneshot::channel();
+        let pooled = Arc::new(Pooled { tx, raw, envelope });
+        let submission = Submission { pooled, nonce: 0, balance: U256::MAX, journal: true, reply: Some(reply) };
+        writer.apply(&mut vec![Command::Insert(submission)]);
+        answer.try_recv().expect("answered within the batch")
+    }
+
+    // The replacement is refused (its journal write failed), so the transaction it was to
+    // replace, already acknowledged, must still be pooled, visible, and in the journal.
+    #[test]
+    fn a_replacement_whose_journal_write_fails_keeps_the_transaction_it_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pool.journal");
+        let (journal, _) = Journal::open(&path, Sync::Os).unwrap();
+        let mut writer = writer(journal);
+        let wallet = Wallet::numbered(1, 1);
+        let to = alloy_primitives::Address::repeat_byte(7);
+        let first = wallet.transfer(0, to, 1, Fees::default());
+        let bumped = Fees { max_fee: 40_000_000_000, tip: 2_000_000_000 };
+        let replacement = wallet.transfer(0, to, 1, bumped);
+        assert_eq!(submit(&mut writer, &first), Ok(first.hash));
+        writer.journal.as_mut().unwrap().fail_after = Some(0);
+        assert!(matches!(submit(&mut writer, &replacement), Err(InsertError::Journal(_))));
+        let snapshot = writer.snapshot.load_full();
+        assert!(snapshot.by_hash.contains_key(&first.hash), "the acknowledged transaction is still readable");
+        assert!(!snapshot.by_hash.contains_key(&replacement.hash));
+        assert_eq!(writer.pool.get(&first.hash).map(|t| t.hash), Some(first.hash), "and still pooled");
+        assert_eq!(writer.statuses.get(&first.hash), None, "and not recorded as replaced");
+        // A later replacement that is journaled replaces it as usual.
+        assert_eq!(submit(&mut writer, &replacement), Ok(replacement.hash));
+        assert!(writer.pool.get(&first.hash).is_none());
+        drop(writer);
+        let (_, replayed) = Journal::open(&path, Sync::Os).unwrap();
+        assert_eq!(replayed, [first.raw.clone(), replacement.raw.clone()]);
     }
 }
