@@ -149,7 +149,15 @@ struct PeerInfo {
     addrs: Vec<Multiaddr>,
     rtt_ms: Option<f64>,
     connections: Vec<libp2p::swarm::ConnectionId>,
+    /// A message to it failed since it was last handed the pool: it is handed the pool again
+    /// (the pool still holds what failed; the peer may not).
+    owed: bool,
+    /// When it was last handed the pool.
+    synced_at: Option<Instant>,
 }
+
+/// A peer owed the pool (after failures) is handed it at most this often.
+const RESYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct Node {
     swarm: Swarm<Behaviour>,
@@ -450,6 +458,7 @@ impl Node {
                         // Every 2 s.
                         self.discover();
                         self.end_bans();
+                        self.settle_debts();
                     }
                     if self.published.elapsed() >= Duration::from_millis(500) {
                         self.published = Instant::now();
@@ -478,6 +487,9 @@ impl Node {
         if self.sync_limit == 0 {
             return;
         }
+        let info = self.peers.entry(peer).or_default();
+        info.owed = false;
+        info.synced_at = Some(Instant::now());
         let room = self.outbox.config().queue_per_peer.saturating_sub(self.outbox.depth(&peer).0 + 1);
         let chains = self.chains.clone();
         let txs = chains
@@ -500,6 +512,27 @@ impl Node {
             metrics::counter!("sluice_mesh_synced_total").increment(queued);
         }
         self.pump(&peer);
+    }
+
+    /// Hands the pool again to each connected peer that messages failed to since it was last
+    /// handed it (at most every [`RESYNC_EVERY`]): a message that failed (its stream died with
+    /// the peer's old process, a deadline under load) is still in our pool and maybe not in
+    /// theirs, and nothing else would send it again.
+    fn settle_debts(&mut self) {
+        let owed: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(peer, info)| {
+                info.owed
+                    && self.outbox.is_connected(peer)
+                    && info.synced_at.is_none_or(|at| at.elapsed() >= RESYNC_EVERY)
+            })
+            .map(|(peer, _)| *peer)
+            .collect();
+        for peer in owed {
+            metrics::counter!("sluice_mesh_resyncs_total").increment(1);
+            self.sync(peer);
+        }
     }
 
     /// Sends what is ready for `peer`, skipping what it already has.
@@ -550,6 +583,9 @@ impl Node {
             Outcome::Skipped => metrics::counter!("sluice_mesh_messages_total", "outcome" => "skipped").increment(1),
             Outcome::Failed(why) => {
                 metrics::counter!("sluice_mesh_messages_total", "outcome" => "failed").increment(1);
+                if let Some(info) = self.peers.get_mut(&done.peer) {
+                    info.owed = true;
+                }
                 // Every failure is counted; the log is rate-limited so a dead peer cannot flood it.
                 self.failures_logged += 1;
                 if self.failures_logged <= 20 || self.failures_logged.is_power_of_two() {
@@ -561,7 +597,7 @@ impl Node {
 
     fn on_swarm(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
-            SwarmEvent::ConnectionEstablished { peer_id, endpoint, connection_id, num_established, .. } => {
+            SwarmEvent::ConnectionEstablished { peer_id, endpoint, connection_id, .. } => {
                 self.outbox.add_peer(peer_id);
                 self.outbox.set_connected(&peer_id, true);
                 self.peers.entry(peer_id).or_default().connections.push(connection_id);
@@ -573,12 +609,12 @@ impl Node {
                     }
                 }
                 metrics::gauge!("sluice_mesh_peers_connected").set(self.swarm.connected_peers().count() as f64);
-                if num_established.get() == 1 {
-                    // A peer new to us, or back after being away: it gets the whole pool.
-                    self.sync(peer_id);
-                } else {
-                    self.pump(&peer_id);
-                }
+                // A peer new to us, or back after being away, gets the whole pool. So does one
+                // that opens another connection: a peer that restarted dials anew while its old
+                // connection lingers here until QUIC's idle timeout, and what was in flight on
+                // that one is lost with the process (the sync skips what it is known to have,
+                // and its pool answers duplicates at once).
+                self.sync(peer_id);
             }
             SwarmEvent::ConnectionClosed { peer_id, num_established, connection_id, .. } => {
                 if let Some(info) = self.peers.get_mut(&peer_id) {

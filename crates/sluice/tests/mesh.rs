@@ -125,3 +125,67 @@ async fn a_transaction_sent_to_one_node_reaches_every_pool_and_a_restarted_node_
     let failed: u64 = status["peers"].as_array().unwrap().iter().map(|p| p["counts"]["failed"].as_u64().unwrap()).sum();
     assert_eq!(failed, 0, "A's mesh status: {status}");
 }
+
+async fn pool_count(http: &reqwest::Client, node: &Node) -> u64 {
+    let status = rpc_result(http, &node.sluice.http_url(), "txpool_status", json!([])).await;
+    let count =
+        |v: &Value| v.as_str().and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok()).unwrap_or(0);
+    count(&status["pending"]) + count(&status["queued"])
+}
+
+async fn wait_count(http: &reqwest::Client, node: &Node, name: &str, want: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let have = pool_count(http, node).await;
+        if have == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} holds {have} of {want} after {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// A line A–B–C (C's only peer is B). C is killed; what A takes meanwhile (the next nonces of
+// every sender) must reach C once it is back with its key and journal, in two rounds: a
+// missing nonce would leave the sender's later transactions queued in C forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_peer_at_the_end_of_a_line_gets_everything_it_missed() {
+    const SENDERS: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let anvil = Anvil::spawn_with(&["--no-mining"]);
+    let (pa, pb, pc) = (free_udp_port(), free_udp_port(), free_udp_port());
+    let a = node(&anvil, dir.path(), "a", pa, &[]);
+    let b = node(&anvil, dir.path(), "b", pb, &[&a.address]);
+    let mut c = node(&anvil, dir.path(), "c", pc, &[&b.address]);
+    let http = reqwest::Client::new();
+    let wallets: Vec<Wallet> = (0..SENDERS).map(|i| Wallet::numbered(300 + i, CHAIN)).collect();
+    for w in &wallets {
+        fund(&http, &anvil, w.address(), "0x56BC75E2D63100000").await;
+    }
+    let send = |from: u64, to_nonce: u64| {
+        let (http, url, wallets) = (http.clone(), a.sluice.http_url(), wallets.clone());
+        async move {
+            for nonce in from..to_nonce {
+                for w in &wallets {
+                    let tx = w.transfer(nonce, to(), 1, Fees::default());
+                    let sent = rpc(&http, &url, "eth_sendRawTransaction", json!([tx.hex()])).await;
+                    assert!(sent["result"].is_string(), "{sent}");
+                }
+            }
+        }
+    };
+    send(0, 15).await;
+    for (name, n) in [("A", &a), ("B", &b), ("C", &c)] {
+        wait_count(&http, n, name, 15 * SENDERS, Duration::from_secs(30)).await;
+    }
+    for round in 0..2u64 {
+        c.sluice.kill();
+        let (from, to_nonce) = (15 + 5 * round, 20 + 5 * round);
+        send(from, to_nonce).await;
+        wait_count(&http, &b, "B", to_nonce * SENDERS, Duration::from_secs(30)).await;
+        c = node(&anvil, dir.path(), "c", pc, &[&b.address]);
+        wait_count(&http, &c, "C after its restart", to_nonce * SENDERS, Duration::from_secs(30)).await;
+        let pending = rpc_result(&http, &c.sluice.http_url(), "txpool_status", json!([])).await;
+        assert_eq!(pending["queued"], "0x0", "round {round}: nothing stuck behind a gap in C: {pending}");
+    }
+}
