@@ -22,13 +22,19 @@ pub struct Rules {
     pub max_size: usize,
     /// The current block gas limit.
     pub block_gas_limit: u64,
+    /// Prague is active: the EIP-7623 calldata floor applies. (Read from the chain: Prague
+    /// headers carry `requestsHash`.)
+    pub prague: bool,
 }
 
 impl Default for Rules {
     fn default() -> Self {
-        Self { chain_id: 1, max_size: 128 * 1024, block_gas_limit: 30_000_000 }
+        Self { chain_id: 1, max_size: 128 * 1024, block_gas_limit: 30_000_000, prague: true }
     }
 }
+
+/// Largest initcode of a contract creation (EIP-3860).
+pub const MAX_INITCODE_SIZE: usize = 2 * 24_576;
 
 /// Why a raw transaction was refused, in the wordings clients match on (geth's).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,6 +70,17 @@ pub enum DecodeError {
         /// The intrinsic gas.
         want: u64,
     },
+    /// Gas limit below the EIP-7623 calldata floor (Prague).
+    #[error("insufficient gas for floor data gas cost: have {have}, want {want}")]
+    FloorDataGas {
+        /// The gas limit.
+        have: u64,
+        /// The floor.
+        want: u64,
+    },
+    /// A creation whose initcode is over [`MAX_INITCODE_SIZE`] (EIP-3860).
+    #[error("max initcode size exceeded: code size {0}, limit {MAX_INITCODE_SIZE}")]
+    MaxInitCodeSize(usize),
     /// Gas limit above the block's.
     #[error("exceeds block gas limit")]
     ExceedsBlockGasLimit,
@@ -83,6 +100,8 @@ impl DecodeError {
             DecodeError::WrongChain { .. } => "wrong_chain",
             DecodeError::InvalidSignature => "invalid_signature",
             DecodeError::IntrinsicGasTooLow { .. } => "intrinsic_gas_too_low",
+            DecodeError::FloorDataGas { .. } => "floor_data_gas",
+            DecodeError::MaxInitCodeSize(_) => "max_initcode_size",
             DecodeError::ExceedsBlockGasLimit => "exceeds_block_gas_limit",
             DecodeError::TipAboveFeeCap => "tip_above_fee_cap",
         }
@@ -128,9 +147,18 @@ pub fn decode(raw: &[u8], rules: &Rules, arrived: Instant) -> Result<(PoolTx, Tx
     if tip > max_fee {
         return Err(DecodeError::TipAboveFeeCap);
     }
+    if envelope.is_create() && envelope.input().len() > MAX_INITCODE_SIZE {
+        return Err(DecodeError::MaxInitCodeSize(envelope.input().len()));
+    }
     let want = intrinsic_gas(&envelope);
     if envelope.gas_limit() < want {
         return Err(DecodeError::IntrinsicGasTooLow { have: envelope.gas_limit(), want });
+    }
+    if rules.prague {
+        let floor = floor_data_gas(envelope.input());
+        if envelope.gas_limit() < floor {
+            return Err(DecodeError::FloorDataGas { have: envelope.gas_limit(), want: floor });
+        }
     }
     if envelope.gas_limit() > rules.block_gas_limit {
         return Err(DecodeError::ExceedsBlockGasLimit);
@@ -160,6 +188,14 @@ pub fn intrinsic_gas(tx: &TxEnvelope) -> u64 {
         tx.access_list().map_or(0, |list| list.iter().map(|item| 2_400 + 1_900 * item.storage_keys.len() as u64).sum());
     let authorizations = tx.authorization_list().map_or(0, |list| 25_000 * list.len() as u64);
     21_000 + data + create + access + authorizations
+}
+
+/// The least gas a transaction with this calldata pays from Prague on (EIP-7623): 21,000
+/// plus 10 per token, a zero byte being one token and any other byte four.
+pub fn floor_data_gas(input: &[u8]) -> u64 {
+    let zeros = input.iter().filter(|b| **b == 0).count() as u64;
+    let tokens = zeros + (input.len() as u64 - zeros) * 4;
+    21_000 + 10 * tokens
 }
 
 #[cfg(test)]
@@ -241,6 +277,14 @@ mod tests {
         let mut trailing = bytes(EIP1559);
         trailing.push(0);
         assert!(matches!(decode(&trailing, &rules(), Instant::now()), Err(DecodeError::Malformed(_))));
+    }
+
+    #[test]
+    fn the_calldata_floor_counts_four_tokens_per_non_zero_byte() {
+        assert_eq!(floor_data_gas(&[]), 21_000);
+        assert_eq!(floor_data_gas(&[0xab; 100]), 25_000);
+        assert_eq!(floor_data_gas(&[0; 100]), 22_000);
+        assert_eq!(floor_data_gas(&[1, 0]), 21_050);
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub(crate) struct ChainInfo {
     pub number: u64,
     pub gas_limit: u64,
     pub next_base_fee: u128,
+    /// Prague is active (its headers carry `requestsHash`, EIP-7685).
+    pub prague: bool,
 }
 
 #[derive(Deserialize)]
@@ -44,6 +46,9 @@ struct Block {
     gas_used: String,
     #[serde(rename = "baseFeePerGas")]
     base_fee: Option<String>,
+    /// Present from Prague on (EIP-7685).
+    #[serde(rename = "requestsHash")]
+    requests_hash: Option<String>,
     /// Full transactions, or just hashes when fetched without them (skipped then).
     #[serde(default)]
     transactions: Vec<TxOrHash>,
@@ -80,6 +85,7 @@ pub(crate) async fn fetch_chain(upstream: &dyn Upstreams) -> Result<ChainInfo, S
         number: parse_quantity(&block.number).unwrap_or(0),
         gas_limit: block.gas_limit(),
         next_base_fee: block.next_base_fee(),
+        prague: block.requests_hash.is_some(),
     })
 }
 
@@ -156,9 +162,9 @@ impl Mempool {
                 *entry = (*entry).max(nonce);
             }
         }
-        let gas_limit = block.gas_limit();
-        if let Some(rules) = self.rules.load_full().filter(|r| r.block_gas_limit != gas_limit) {
-            self.rules.store(Some(Arc::new(Rules { block_gas_limit: gas_limit, ..Rules::clone(&rules) })));
+        let (gas_limit, prague) = (block.gas_limit(), block.requests_hash.is_some());
+        if let Some(rules) = self.rules.load_full().filter(|r| r.block_gas_limit != gas_limit || r.prague != prague) {
+            self.rules.store(Some(Arc::new(Rules { block_gas_limit: gas_limit, prague, ..Rules::clone(&rules) })));
         }
         let (reply, gone) = oneshot::channel();
         let command = Command::Block {

@@ -279,6 +279,7 @@ impl Mempool {
             chain_id: chain.chain_id,
             max_size,
             block_gas_limit: chain.gas_limit,
+            prague: chain.prague,
         })));
         let (reply, done) = oneshot::channel();
         let block =

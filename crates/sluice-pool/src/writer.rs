@@ -406,7 +406,7 @@ mod tests {
 
     /// Inserts through the writer as a submitter would; its answer.
     fn submit(writer: &mut Writer, signed: &SignedTx) -> Result<B256, InsertError> {
-        let rules = Rules { chain_id: 1, max_size: 128 * 1024, block_gas_limit: 30_000_000 };
+        let rules = Rules::default();
         let raw = alloy_primitives::Bytes::from(signed.raw.clone());
         let (tx, envelope) = decode(&raw, &rules, Instant::now()).expect("a valid transaction");
         let (reply, mut answer) = oneshot::channel();
