@@ -156,6 +156,25 @@ struct PeerInfo {
     synced_at: Option<Instant>,
 }
 
+/// Addresses remembered per peer; a new one pushes out the oldest learned.
+const MAX_ADDRS_PER_PEER: usize = 8;
+/// Peers remembered at most; peers discovered beyond it are not (connected ones always are).
+const MAX_KNOWN_PEERS: usize = 1_024;
+
+impl PeerInfo {
+    /// Remembers an address (bounded); whether it was new.
+    fn learn(&mut self, addr: Multiaddr) -> bool {
+        if self.addrs.contains(&addr) {
+            return false;
+        }
+        if self.addrs.len() >= MAX_ADDRS_PER_PEER {
+            self.addrs.remove(0);
+        }
+        self.addrs.push(addr);
+        true
+    }
+}
+
 /// A peer owed the pool (after failures) is handed it at most this often.
 const RESYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -603,10 +622,7 @@ impl Node {
                 self.peers.entry(peer_id).or_default().connections.push(connection_id);
                 if endpoint.is_dialer() {
                     let info = self.peers.entry(peer_id).or_default();
-                    let addr = endpoint.get_remote_address().clone();
-                    if !info.addrs.contains(&addr) {
-                        info.addrs.push(addr);
-                    }
+                    info.learn(endpoint.get_remote_address().clone());
                 }
                 metrics::gauge!("sluice_mesh_peers_connected").set(self.swarm.connected_peers().count() as f64);
                 // A peer new to us, or back after being away, gets the whole pool. So does one
@@ -639,9 +655,8 @@ impl Node {
                             kad.add_address(&peer_id, addr.clone());
                         }
                     }
-                    if !entry.addrs.contains(&addr) {
-                        self.swarm.add_peer_address(peer_id, addr.clone());
-                        entry.addrs.push(addr);
+                    if entry.learn(addr.clone()) {
+                        self.swarm.add_peer_address(peer_id, addr);
                     }
                 }
             }
@@ -666,11 +681,14 @@ impl Node {
             if peer == me {
                 continue;
             }
+            if !self.peers.contains_key(&peer) && self.peers.len() >= MAX_KNOWN_PEERS {
+                // Bounded: a lookup can name any number of peers.
+                metrics::counter!("sluice_mesh_discovered_unkept_total").increment(1);
+                continue;
+            }
             let info = self.peers.entry(peer).or_default();
             for addr in addrs {
-                if !info.addrs.contains(&addr) {
-                    info.addrs.push(addr);
-                }
+                info.learn(addr);
             }
             if self.swarm.connected_peers().count() < self.target_peers && !self.swarm.is_connected(&peer) {
                 self.outbox.add_peer(peer);
@@ -880,4 +898,20 @@ fn register_metrics() {
         metrics::counter!("sluice_mesh_messages_total", "outcome" => outcome).increment(0);
     }
     metrics::gauge!("sluice_mesh_peers_connected").set(0.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_keeps_its_latest_addresses_only() {
+        let mut info = PeerInfo::default();
+        let addr = |port: u16| -> Multiaddr { format!("/ip4/127.0.0.1/udp/{port}/quic-v1").parse().unwrap() };
+        for port in 0..20 {
+            assert!(info.learn(addr(port)));
+        }
+        assert!(!info.learn(addr(19)), "a known address is not learned twice");
+        assert_eq!(info.addrs, (12..20).map(addr).collect::<Vec<_>>());
+    }
 }

@@ -40,7 +40,7 @@ pub fn verdict(error: &RawValue) -> Verdict {
     }
 }
 
-pub(crate) async fn run(mempool: Arc<Mempool>, mut rx: mpsc::UnboundedReceiver<Arc<Pooled>>) {
+pub(crate) async fn run(mempool: Arc<Mempool>, mut rx: mpsc::Receiver<Arc<Pooled>>) {
     let mut last_sent: HashMap<B256, Instant> = HashMap::new();
     let interval = mempool.config.rebroadcast_interval;
     let mut rebroadcast = tokio::time::interval(interval);

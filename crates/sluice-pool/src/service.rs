@@ -12,6 +12,8 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use sluice_upstream::{HeadFeed, Upstreams};
 use tokio::sync::{broadcast, oneshot, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::journal::{Journal, Sync};
 use crate::state::StateReader;
@@ -103,6 +105,9 @@ impl Origin {
     }
 }
 
+/// Transactions waiting for the relay at most; beyond, they go with the next rebroadcast.
+const RELAY_QUEUE: usize = 65_536;
+
 /// Internal submissions are inserted in chunks of this many: one state read per distinct
 /// sender and one journal write per chunk.
 const IN_ORDER_CHUNK: usize = 1024;
@@ -165,6 +170,12 @@ pub struct Mempool {
     pending_events: broadcast::Sender<Arc<Pooled>>,
     inflight: Semaphore,
     verifier: Verifier,
+    /// Ends the mempool's tasks ([`Mempool::shutdown`]).
+    cancel: CancellationToken,
+    /// Its tasks (relay, head maintenance, background start and replay): they hold the
+    /// mempool, so they are owned here and ended by the token, never left running.
+    tasks: std::sync::Mutex<JoinSet<()>>,
+    writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Mempool {
@@ -189,7 +200,7 @@ impl Mempool {
         }
         let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
         let statuses = Statuses::new(config.status_capacity);
-        let (relay_tx, relay_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (relay_tx, relay_rx) = tokio::sync::mpsc::channel(RELAY_QUEUE);
         let (pending_events, _) = broadcast::channel(16_384);
         let pool = Pool::new(config.pool.clone());
         let writer = Writer {
@@ -209,7 +220,7 @@ impl Mempool {
             journal_records: replay.len(),
         };
         let (commands, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("mempool-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| format!("cannot start the mempool writer: {e}"))?;
@@ -227,9 +238,12 @@ impl Mempool {
             pending_events,
             verifier,
             config,
+            cancel: CancellationToken::new(),
+            tasks: Default::default(),
+            writer: std::sync::Mutex::new(Some(writer)),
         });
         if mempool.config.relay {
-            tokio::spawn(crate::relay::run(mempool.clone(), relay_rx));
+            mempool.spawn(crate::relay::run(mempool.clone(), relay_rx));
         }
         // Learn the chain, then follow it and replay the journal. Inline when the upstream
         // answers, so a restarted sluice serves its journaled transactions from the first
@@ -245,8 +259,9 @@ impl Mempool {
                     _ => "timed out".to_owned(),
                 };
                 tracing::warn!(error = %why, "mempool: cannot read the chain yet; retrying in the background");
-                let mempool = mempool.clone();
-                tokio::spawn(async move {
+                let task = mempool.clone();
+                mempool.spawn(async move {
+                    let mempool = task;
                     loop {
                         tokio::time::sleep(Duration::from_secs(1)).await;
                         match crate::maintain::fetch_chain(mempool.upstream.as_ref()).await {
@@ -286,7 +301,7 @@ impl Mempool {
             Command::Block { number: chain.number, advanced: Vec::new(), base_fee: Some(chain.next_base_fee), reply };
         let _ = self.commands.send(block);
         let _ = done.await;
-        tokio::spawn(crate::maintain::run(self.clone(), events, chain.number));
+        self.spawn(crate::maintain::run(self.clone(), events, chain.number));
         self.replay(replay).await;
     }
 
@@ -305,7 +320,7 @@ impl Mempool {
             return;
         }
         let mempool = self.clone();
-        tokio::spawn(async move {
+        self.spawn(async move {
             let (mut kept, mut todo) = (kept, todo);
             for pass in 1..REPLAY_PASSES {
                 tracing::warn!(
@@ -349,6 +364,45 @@ impl Mempool {
         tracing::info!(journaled = total, kept, "mempool journal replayed");
         metrics::counter!("sluice_mempool_replayed_total", "network" => self.config.network.clone())
             .increment(kept as u64);
+    }
+
+    /// Runs one of the mempool's tasks until it ends or the mempool shuts down.
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        if self.cancel.is_cancelled() {
+            return;
+        }
+        let cancel = self.cancel.clone();
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        // Reap the ones that ended, so the set holds only live tasks.
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = task => {}
+            }
+        });
+    }
+
+    /// Stops the mempool: its tasks end, the writer applies what it was given and stops (the
+    /// journal is closed and unlocked), and the verifier threads finish and exit. Submissions
+    /// after this are refused as unavailable; reads keep the last snapshot.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        let mut tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        while tasks.join_next().await.is_some() {}
+        let _ = self.commands.send(Command::Stop);
+        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // Joining threads blocks; the writer ends after its current batch, the verifiers after
+        // their queue.
+        let verifiers = self.verifier.stop();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(writer) = writer {
+                let _ = writer.join();
+            }
+            verifiers();
+        })
+        .await;
+        tracing::debug!("mempool stopped");
     }
 
     /// Subscribes to transactions as they become executable (`newPendingTransactions`).

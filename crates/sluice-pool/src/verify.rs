@@ -19,7 +19,14 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use crate::{decode, DecodeError, PoolTx, Rules};
 
 /// A transaction to verify, with its place in the queue (released once it is verified).
-type Job = (Bytes, Arc<Rules>, oneshot::Sender<Result<Verified, DecodeError>>, OwnedSemaphorePermit);
+type Verify = (Bytes, Arc<Rules>, oneshot::Sender<Result<Verified, DecodeError>>, OwnedSemaphorePermit);
+
+/// What a verifier thread is given.
+enum Job {
+    Verify(Verify),
+    /// End the thread.
+    Stop,
+}
 
 /// A verified transaction: the pool's view of it and its decoded envelope.
 pub type Verified = (PoolTx, TxEnvelope);
@@ -49,6 +56,7 @@ pub struct Verifier {
     jobs: SyncSender<Job>,
     /// One permit per queue place: waiting happens here, in async, not on the channel.
     room: Arc<Semaphore>,
+    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 /// Jobs a verifier takes per turn at most.
@@ -61,43 +69,77 @@ impl Verifier {
         let capacity = capacity.max(1);
         let (jobs, rx) = sync_channel::<Job>(capacity);
         let rx = Arc::new(Mutex::new(rx));
+        let mut handles = Vec::new();
         for i in 0..threads.max(1) {
             let rx = rx.clone();
-            std::thread::Builder::new().name(format!("mempool-verify-{i}")).spawn(move || {
+            handles.push(std::thread::Builder::new().name(format!("mempool-verify-{i}")).spawn(move || {
                 lower_priority(nice);
                 let mut jobs = Vec::with_capacity(TAKE);
                 loop {
                     // The lock is held only to take jobs, never while verifying. Taking a few at
                     // once saves a wake-up per transaction when the queue is long.
-                    match rx.lock() {
+                    let stop = match rx.lock() {
                         Ok(rx) => match rx.recv() {
-                            Ok(job) => {
+                            Ok(Job::Verify(job)) => {
                                 jobs.push(job);
-                                jobs.extend(std::iter::from_fn(|| rx.try_recv().ok()).take(TAKE - 1));
+                                let mut stop = false;
+                                while jobs.len() < TAKE {
+                                    match rx.try_recv() {
+                                        Ok(Job::Verify(job)) => jobs.push(job),
+                                        Ok(Job::Stop) => {
+                                            stop = true;
+                                            break;
+                                        }
+                                        Err(_) => break,
+                                    }
+                                }
+                                stop
                             }
-                            Err(_) => return,
+                            Ok(Job::Stop) | Err(_) => true,
                         },
-                        Err(_) => return,
-                    }
+                        Err(_) => true,
+                    };
                     for (raw, rules, reply, _place) in jobs.drain(..) {
                         let _ = reply.send(decode(&raw, &rules, Instant::now()));
                     }
+                    if stop {
+                        return;
+                    }
                 }
-            })?;
+            })?);
         }
-        Ok(Self { jobs, room: Arc::new(Semaphore::new(capacity)) })
+        Ok(Self { jobs, room: Arc::new(Semaphore::new(capacity)), threads: std::sync::Mutex::new(handles) })
+    }
+
+    /// Refuses new work at once; the returned function (which blocks: run it off the async
+    /// workers) lets the threads finish what is queued and joins them.
+    pub fn stop(&self) -> impl FnOnce() + Send + 'static {
+        self.room.close();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let jobs = self.jobs.clone();
+        move || {
+            for _ in &threads {
+                let _ = jobs.send(Job::Stop);
+            }
+            for thread in threads {
+                let _ = thread.join();
+            }
+        }
     }
 
     /// Decodes, checks and recovers `raw` on a verifier thread; when the queue is full,
     /// refuses or waits as `admission` says.
     pub async fn verify(&self, raw: Bytes, rules: Arc<Rules>, admission: Admission) -> Result<Verified, VerifyError> {
         let place = match admission {
-            Admission::Refuse => self.room.clone().try_acquire_owned().map_err(|_| VerifyError::Busy)?,
+            Admission::Refuse => self.room.clone().try_acquire_owned().map_err(|e| match e {
+                tokio::sync::TryAcquireError::NoPermits => VerifyError::Busy,
+                tokio::sync::TryAcquireError::Closed => VerifyError::Stopped,
+            })?,
             Admission::Wait => self.room.clone().acquire_owned().await.map_err(|_| VerifyError::Stopped)?,
         };
         let (reply, answer) = oneshot::channel();
         // Never full: a job holds one of `capacity` places.
-        match self.jobs.try_send((raw, rules, reply, place)) {
+        match self.jobs.try_send(Job::Verify((raw, rules, reply, place))) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => return Err(VerifyError::Busy),
             Err(TrySendError::Disconnected(_)) => return Err(VerifyError::Stopped),

@@ -65,6 +65,8 @@ pub(crate) enum Command {
         unsettled: Vec<Bytes>,
         reply: oneshot::Sender<()>,
     },
+    /// Apply what is queued before it, then end the thread.
+    Stop,
 }
 
 /// Everything the writer thread owns or publishes to.
@@ -75,7 +77,9 @@ pub(crate) struct Writer {
     pub journal: Option<Journal>,
     pub snapshot: Arc<ArcSwap<Snapshot>>,
     pub statuses: Statuses,
-    pub relay: mpsc::UnboundedSender<Arc<Pooled>>,
+    /// Bounded: when full, the transaction waits for the relay's rebroadcast timer instead
+    /// (which sends every pending transaction not sent yet), so the writer never blocks on it.
+    pub relay: mpsc::Sender<Arc<Pooled>>,
     pub pending_events: broadcast::Sender<Arc<Pooled>>,
     /// The pooled transactions with their bytes and envelopes.
     pub txs: HashMap<B256, Arc<Pooled>>,
@@ -109,8 +113,10 @@ struct Changes {
 
 impl Writer {
     /// Runs until every sender of commands is gone.
+    /// Runs until told to stop, or until every sender of commands is gone.
     pub fn run(mut self, commands: Receiver<Command>) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
+        let mut stop = false;
         while let Ok(first) = commands.recv() {
             batch.push(first);
             while batch.len() < MAX_BATCH {
@@ -119,7 +125,15 @@ impl Writer {
                     Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
             }
+            if let Some(at) = batch.iter().position(|c| matches!(c, Command::Stop)) {
+                // What came after the stop is not applied: its senders see the writer gone.
+                batch.truncate(at);
+                stop = true;
+            }
             self.apply(&mut batch);
+            if stop {
+                break;
+            }
         }
         tracing::debug!("mempool writer stopped");
     }
@@ -159,6 +173,7 @@ impl Writer {
                     self.unsettled = unsettled;
                     compact.push(reply);
                 }
+                Command::Stop => {}
                 Command::Expire => {
                     let gone = self.pool.expire(Instant::now());
                     self.forget(&gone, TxStatus::Expired);
@@ -354,7 +369,10 @@ impl Writer {
         metrics::gauge!("sluice_mempool_queued", "network" => self.network.clone()).set(next.status.queued as f64);
         self.snapshot.store(Arc::new(next));
         for p in newly_pending {
-            let _ = self.relay.send(p.clone());
+            if let Err(mpsc::error::TrySendError::Full(_)) = self.relay.try_send(p.clone()) {
+                metrics::counter!("sluice_mempool_relay_deferred_total", "network" => self.network.clone())
+                    .increment(1);
+            }
             let _ = self.pending_events.send(p);
         }
     }
@@ -393,7 +411,7 @@ mod tests {
             journal: Some(journal),
             snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
             statuses: Statuses::new(1024),
-            relay: mpsc::unbounded_channel().0,
+            relay: mpsc::channel(16).0,
             pending_events: broadcast::channel(16).0,
             txs: HashMap::new(),
             journal_records: 0,

@@ -25,6 +25,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>, reload: Opt
         stacks.push(Stack::start(&network).await?);
     }
     let mut status = StatusBoard::default();
+    let mempools: Vec<Arc<Mempool>> = stacks.iter().filter_map(|s| s.mempool.clone()).collect();
     // One mesh for every network with a mempool; each transaction names its chain (the
     // implicit network names none, as before there were several).
     let pools: Vec<(u64, Arc<Mempool>)> = stacks
@@ -122,6 +123,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>, reload: Opt
     }
     if let Some(mesh) = mesh {
         mesh.shutdown().await;
+    }
+    // Last, once nothing submits any more: the writer applies what it was given, the journal
+    // is closed.
+    for mempool in mempools {
+        mempool.shutdown().await;
     }
     tracing::info!("stopped");
     Ok(())
