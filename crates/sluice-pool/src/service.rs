@@ -598,3 +598,7 @@ impl PoolView for Mempool {
         self.snapshot.load_full()
     }
 }
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;

@@ -67,6 +67,12 @@ pub(crate) enum Command {
     },
     /// Apply what is queued before it, then end the thread.
     Stop,
+    /// Test hook: the writer says it is inside a batch, then waits there for the release.
+    #[cfg(test)]
+    Hold {
+        entered: oneshot::Sender<()>,
+        release: std::sync::mpsc::Receiver<()>,
+    },
 }
 
 /// Everything the writer thread owns or publishes to.
@@ -174,6 +180,11 @@ impl Writer {
                     compact.push(reply);
                 }
                 Command::Stop => {}
+                #[cfg(test)]
+                Command::Hold { entered, release } => {
+                    let _ = entered.send(());
+                    let _ = release.recv();
+                }
                 Command::Expire => {
                     let gone = self.pool.expire(Instant::now());
                     self.forget(&gone, TxStatus::Expired);
