@@ -138,7 +138,7 @@ impl MeshSettings {
         if listen.is_empty() {
             return Err("mesh.listen: give at least one address".into());
         }
-        if let Some(p) = peers.iter().find(|p| crate::node::peer_of(p).is_none()) {
+        if let Some(p) = peers.iter().find(|p| crate::wire::peer_of(p).is_none()) {
             return Err(format!("mesh.peers: {p} does not end in /p2p/PEER_ID"));
         }
         let counts =
@@ -149,11 +149,11 @@ impl MeshSettings {
                     .into(),
             );
         }
-        if self.max_batch > crate::node::MAX_BATCH_IN || self.max_batch_bytes > crate::node::MAX_REQUEST_BYTES / 2 {
+        if self.max_batch > crate::wire::MAX_BATCH_IN || self.max_batch_bytes > crate::wire::MAX_REQUEST_BYTES / 2 {
             return Err(format!(
                 "mesh: max_batch is at most {} and max_batch_bytes at most {} (what a peer takes)",
-                crate::node::MAX_BATCH_IN,
-                crate::node::MAX_REQUEST_BYTES / 2
+                crate::wire::MAX_BATCH_IN,
+                crate::wire::MAX_REQUEST_BYTES / 2
             ));
         }
         if self.deadline.is_zero() || self.request_timeout.is_zero() || self.malformed_half_life.is_zero() {

@@ -22,9 +22,11 @@ pub mod memory;
 pub mod node;
 pub mod outbox;
 pub mod status;
+mod wire;
 
 pub use chains::{ChainPool, UNNAMED_CHAIN};
 pub use config::{load_or_generate_key, MeshConfig, MeshSettings};
 pub use libp2p::identity::Keypair;
-pub use node::{BroadcastRefused, Mesh, MeshError, PoolContents, TxBatch, Verdict, MAX_BATCH_IN, PROTOCOL};
+pub use node::{BroadcastRefused, Mesh, MeshError, PoolContents};
 pub use status::{AckTimes, MeshStatus, PeerStatus};
+pub use wire::{peer_of, TxBatch, Verdict, MAX_BATCH_IN, PROTOCOL};
