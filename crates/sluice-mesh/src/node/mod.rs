@@ -5,7 +5,7 @@
 //! tasks of their own, and their verdicts are the acknowledgement. Which peers already have a
 //! transaction (they sent it to us) is remembered in [`Known`], so it is not sent back to them.
 //!
-//! Split by concern: the handle and start ([`handle`]), what is kept per peer (`peers`),
+//! Split by concern: the handle and start (`handle`), what is kept per peer (`peers`),
 //! inbound requests and conduct (`inbound`), discovery (`discovery`); the wire format is
 //! `crate::wire`. This file holds the swarm task's loop and the outbound side.
 
