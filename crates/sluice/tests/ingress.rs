@@ -106,6 +106,80 @@ async fn transactions_sent_over_quic_are_pooled_and_mined() {
     client.close().await;
 }
 
+// Under load into the real mempool: 4 clients, 64 streams in flight each, 5,000 signed
+// transfers from 250 senders. Every transaction answered with its hash is in txpool_content;
+// any refusal names its reason (none is expected at this load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_transactions_over_quic_from_four_clients_all_reach_the_pool() {
+    use futures_util::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let anvil = Anvil::spawn_with(&["--no-mining"]);
+    let (sluice, addr, server) = serve_with_ingress(&anvil, dir.path(), &[]);
+    let http = reqwest::Client::new();
+    let wallets: Vec<Wallet> = (0..250).map(|i| Wallet::numbered(40_000 + i, CHAIN)).collect();
+    for w in &wallets {
+        fund(&http, &anvil, w.address(), "0xffffffffffffffffffff").await;
+    }
+    let signed = tokio::task::spawn_blocking(move || {
+        let mut lanes: Vec<Vec<_>> = (0..4).map(|_| Vec::new()).collect();
+        for (i, w) in wallets.iter().enumerate() {
+            lanes[i % 4].extend((0..20).map(|n| w.transfer(n, to(), 1, Fees::default())));
+        }
+        lanes
+    })
+    .await
+    .unwrap();
+    let mut clients = Vec::new();
+    for lane in signed {
+        let options = ClientOptions { server_identity: Some(server.clone()), socket: None };
+        let client = Client::connect(addr, &KeyPair::generate(), options).await.expect("connect to the ingress");
+        clients.push(tokio::spawn(async move {
+            // Each sender's nonces in order: a sender's transactions stay on one stream at a time.
+            let answers: Vec<_> = futures_util::stream::iter(lane.chunks(20).map(|c| c.to_vec()).collect::<Vec<_>>())
+                .map(|txs| {
+                    let client = &client;
+                    async move {
+                        let mut answers = Vec::new();
+                        for tx in txs {
+                            answers.push((format!("{:#x}", tx.hash), client.submit(&tx.raw).await));
+                        }
+                        answers
+                    }
+                })
+                .buffer_unordered(64)
+                .collect()
+                .await;
+            client.close().await;
+            answers.into_iter().flatten().collect::<Vec<_>>()
+        }));
+    }
+    let mut accepted = Vec::new();
+    let mut refused = Vec::new();
+    for client in clients {
+        for (hash, answer) in client.await.unwrap() {
+            match answer {
+                Ok(got) => {
+                    assert_eq!(got, hash);
+                    accepted.push(hash);
+                }
+                Err(e) => refused.push(format!("{hash}: {e}")),
+            }
+        }
+    }
+    assert!(refused.is_empty(), "{} refused, e.g. {:?}", refused.len(), refused.first());
+    assert_eq!(accepted.len(), 5_000);
+    let content = rpc_result(&http, &sluice.http_url(), "txpool_content", json!([])).await;
+    let pooled: std::collections::HashSet<String> = content["pending"]
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.values())
+        .flat_map(|txs| txs.as_object().into_iter().flat_map(|m| m.values()))
+        .filter_map(|tx| tx["hash"].as_str().map(str::to_owned))
+        .collect();
+    let missing = accepted.iter().filter(|h| !pooled.contains(*h)).count();
+    assert_eq!(missing, 0, "{missing} of 5,000 answered with a hash are not pending in the pool");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sluice_keygen_and_sluice_send_work_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
