@@ -131,7 +131,7 @@ async fn five_thousand_transactions_over_quic_from_four_clients_all_reach_the_po
     .unwrap();
     let mut clients = Vec::new();
     for lane in signed {
-        let options = ClientOptions { server_identity: Some(server.clone()), socket: None };
+        let options = ClientOptions { server_identity: Some(server), socket: None };
         let client = Client::connect(addr, &KeyPair::generate(), options).await.expect("connect to the ingress");
         clients.push(tokio::spawn(async move {
             // Each sender's nonces in order: a sender's transactions stay on one stream at a time.
