@@ -12,12 +12,15 @@
 //! * [`MempoolLayer`]: the pool's JSON-RPC methods as a layer over the upstreams;
 //! * relay and head maintenance tasks.
 
+mod config;
+mod core;
 pub mod decode;
 pub mod journal;
 mod maintain;
 mod pool;
 pub mod relay;
 pub mod rpc;
+mod seams;
 mod service;
 pub mod state;
 pub mod status;
@@ -25,8 +28,10 @@ pub mod verify;
 pub mod view;
 mod writer;
 
+pub use config::MempoolConfig;
 pub use decode::{decode, DecodeError, Rules};
 pub use pool::{Config, InsertError, Inserted, Pool, PoolTx, Status};
 pub use rpc::MempoolLayer;
-pub use service::{Mempool, MempoolConfig, Origin, PoolView, SubmitError, TxIntake};
+pub use seams::{Origin, PoolView, SubmitError, TxIntake};
+pub use service::Mempool;
 pub use view::{Pooled, Snapshot};

@@ -19,7 +19,8 @@ use sluice_jsonrpc::Outcome;
 use sluice_upstream::{Answer, Call, Upstreams};
 use tokio::sync::{broadcast, oneshot};
 
-use crate::service::{Mempool, Origin, PoolView};
+use crate::core::Core;
+use crate::seams::Origin;
 use crate::view::Pooled;
 use crate::writer::Command;
 use crate::Rules;
@@ -103,17 +104,17 @@ async fn fetch_block(upstream: &dyn Upstreams, tag: &str, full: bool) -> Result<
 }
 
 /// Follows the head feed until it closes.
-pub(crate) async fn run(mempool: Arc<Mempool>, mut events: broadcast::Receiver<ChainEvent>, start: u64) {
+pub(crate) async fn run(core: Arc<Core>, mut events: broadcast::Receiver<ChainEvent>, start: u64) {
     let mut next = start + 1;
     let mut mined: BTreeMap<u64, Vec<Arc<Pooled>>> = BTreeMap::new();
-    let mut expire = tokio::time::interval(mempool.config.expire_interval);
+    let mut expire = tokio::time::interval(core.config.expire_interval);
     loop {
         tokio::select! {
             event = events.recv() => match event {
                 Ok(ChainEvent::NewHead(head)) => {
                     next = next.max(head.saturating_sub(DEPTH - 1));
                     while next <= head {
-                        match mempool.on_block(next).await {
+                        match core.on_block(next).await {
                             Ok(Some(gone)) => {
                                 mined.insert(next, gone);
                                 next += 1;
@@ -132,20 +133,20 @@ pub(crate) async fn run(mempool: Arc<Mempool>, mut events: broadcast::Receiver<C
                 }
                 Ok(ChainEvent::Reorg { fork_point }) => {
                     let dropped: Vec<Arc<Pooled>> = mined.split_off(&fork_point).into_values().flatten().collect();
-                    mempool.on_reorg(dropped).await;
+                    core.on_reorg(dropped).await;
                     next = next.min(fork_point);
                 }
-                Err(broadcast::error::RecvError::Lagged(_)) => mempool.on_reorg(Vec::new()).await,
+                Err(broadcast::error::RecvError::Lagged(_)) => core.on_reorg(Vec::new()).await,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
             _ = expire.tick() => {
-                let _ = mempool.commands.send(Command::Expire);
+                let _ = core.commands.send(Command::Expire);
             }
         }
     }
 }
 
-impl Mempool {
+impl Core {
     /// Applies one block; returns the pooled transactions it mined, or `None` if the upstream
     /// does not have the block yet.
     async fn on_block(&self, number: u64) -> Result<Option<Vec<Arc<Pooled>>>, String> {

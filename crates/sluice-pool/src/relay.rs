@@ -13,7 +13,7 @@ use sluice_upstream::pool::is_already_known;
 use sluice_upstream::Call;
 use tokio::sync::mpsc;
 
-use crate::service::{Mempool, PoolView};
+use crate::core::Core;
 use crate::view::Pooled;
 use crate::writer::Command;
 
@@ -40,9 +40,9 @@ pub fn verdict(error: &RawValue) -> Verdict {
     }
 }
 
-pub(crate) async fn run(mempool: Arc<Mempool>, mut rx: mpsc::Receiver<Arc<Pooled>>) {
+pub(crate) async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<Arc<Pooled>>) {
     let mut last_sent: HashMap<B256, Instant> = HashMap::new();
-    let interval = mempool.config.rebroadcast_interval;
+    let interval = core.config.rebroadcast_interval;
     let mut rebroadcast = tokio::time::interval(interval);
     let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
@@ -52,10 +52,10 @@ pub(crate) async fn run(mempool: Arc<Mempool>, mut rx: mpsc::Receiver<Arc<Pooled
                     return;
                 }
                 let txs = std::mem::take(&mut batch);
-                send(&mempool, txs, &mut last_sent, "relay").await;
+                send(&core, txs, &mut last_sent, "relay").await;
             }
             _ = rebroadcast.tick() => {
-                let snapshot = mempool.snapshot();
+                let snapshot = core.snapshot();
                 last_sent.retain(|hash, _| snapshot.by_hash.contains_key(hash));
                 let now = Instant::now();
                 let due: Vec<Arc<Pooled>> = snapshot
@@ -66,15 +66,15 @@ pub(crate) async fn run(mempool: Arc<Mempool>, mut rx: mpsc::Receiver<Arc<Pooled
                     .cloned()
                     .collect();
                 for chunk in due.chunks(MAX_BATCH) {
-                    send(&mempool, chunk.to_vec(), &mut last_sent, "rebroadcast").await;
+                    send(&core, chunk.to_vec(), &mut last_sent, "rebroadcast").await;
                 }
             }
         }
     }
 }
 
-async fn send(mempool: &Mempool, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<B256, Instant>, kind: &'static str) {
-    let snapshot = mempool.snapshot();
+async fn send(core: &Core, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<B256, Instant>, kind: &'static str) {
+    let snapshot = core.snapshot();
     // Skip what left the pool while queued here (mined, replaced).
     let txs: Vec<Arc<Pooled>> = txs.into_iter().filter(|p| snapshot.by_hash.contains_key(&p.tx.hash)).collect();
     if txs.is_empty() {
@@ -89,7 +89,7 @@ async fn send(mempool: &Mempool, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<
         })
         .collect();
     let refs: Vec<&Call> = requests.iter().collect();
-    let answers = mempool.upstream.call_batch(&refs).await;
+    let answers = core.upstream.call_batch(&refs).await;
     let now = Instant::now();
     for (p, answer) in txs.iter().zip(answers) {
         let hash = p.tx.hash;
@@ -102,21 +102,21 @@ async fn send(mempool: &Mempool, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<
                 };
                 match verdict {
                     Verdict::Keep => {
-                        let network = mempool.config.network.clone();
+                        let network = core.config.network.clone();
                         metrics::counter!("sluice_mempool_relayed_total", "network" => network, "kind" => kind)
                             .increment(1)
                     }
                     Verdict::Reject(reason) => {
-                        metrics::counter!("sluice_mempool_relay_rejected_total", "network" => mempool.config.network.clone())
+                        metrics::counter!("sluice_mempool_relay_rejected_total", "network" => core.config.network.clone())
                             .increment(1);
                         tracing::warn!(%hash, %reason, "the upstream refused a pooled transaction; removed");
-                        let _ = mempool.commands.send(Command::Reject { hash, reason });
+                        let _ = core.commands.send(Command::Reject { hash, reason });
                     }
                 }
             }
             Err(e) => {
                 // Kept: the rebroadcast timer tries again.
-                let network = mempool.config.network.clone();
+                let network = core.config.network.clone();
                 metrics::counter!("sluice_mempool_relay_failures_total", "network" => network, "reason" => e.kind())
                     .increment(1);
                 tracing::debug!(%hash, error = %e, "relay failed; will retry");

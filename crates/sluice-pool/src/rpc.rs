@@ -18,7 +18,8 @@ use serde_json::Value;
 use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
 use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 
-use crate::service::{Mempool, Origin, PoolView, SubmitError, TxIntake};
+use crate::seams::{Origin, PoolView, SubmitError, TxIntake};
+use crate::service::Mempool;
 use crate::view::quantity;
 
 /// The JSON-RPC error code geth answers pool refusals with.

@@ -40,7 +40,7 @@ async fn reads_answer_while_the_writer_is_held_inside_a_batch() {
     // Hold the writer inside a batch; a submission now waits behind it.
     let (release, held) = std::sync::mpsc::channel();
     let (entered, inside) = oneshot::channel();
-    mempool.commands.send(Command::Hold { entered, release: held }).unwrap();
+    mempool.core.commands.send(Command::Hold { entered, release: held }).unwrap();
     inside.await.unwrap();
     let late = wallets[0].transfer(10, Address::ZERO, 1, Fees::default());
     let waiting = {

@@ -1,0 +1,204 @@
+//! The mempool's shared core: what the intake, the relay and head maintenance all use (the
+//! rules, the published snapshot, the writer's command queue, account state, the upstream, the
+//! verifiers), held behind one `Arc`. The tasks hold the core, not the [`Mempool`] that owns
+//! them, so `service`, `relay` and `maintain` import `core` and not each other.
+//!
+//! [`Mempool`]: crate::Mempool
+
+use std::sync::Arc;
+
+use alloy_primitives::{Address, Bytes, B256};
+use arc_swap::{ArcSwap, ArcSwapOption};
+use futures_util::StreamExt;
+use sluice_upstream::Upstreams;
+use tokio::sync::{oneshot, Semaphore};
+
+use crate::config::MempoolConfig;
+use crate::seams::{Origin, SubmitError};
+use crate::state::StateReader;
+use crate::status::{Statuses, TxStatus};
+use crate::verify::{Admission, Verified, Verifier, VerifyError};
+use crate::view::{Pooled, Snapshot};
+use crate::writer::{Command, Submission};
+use crate::{InsertError, Rules};
+
+/// Internal submissions are inserted in chunks of this many: one state read per distinct
+/// sender and one journal write per chunk.
+const IN_ORDER_CHUNK: usize = 1024;
+
+/// What the mempool's parts share.
+pub(crate) struct Core {
+    /// `None` until the chain id is known (the upstream may be down at start).
+    pub rules: ArcSwapOption<Rules>,
+    pub snapshot: Arc<ArcSwap<Snapshot>>,
+    pub statuses: Statuses,
+    pub commands: std::sync::mpsc::Sender<Command>,
+    pub state: StateReader,
+    pub upstream: Arc<dyn Upstreams>,
+    pub config: MempoolConfig,
+    pub inflight: Semaphore,
+    pub verifier: Verifier,
+}
+
+impl Core {
+    /// The latest published snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    pub async fn submit_with(&self, raw: Bytes, origin: Origin, journal: bool) -> Result<B256, SubmitError> {
+        // A transaction already pooled (peers forward each transaction several times) is
+        // answered from the snapshot, before any decoding or sender recovery: its hash is the
+        // keccak of these very bytes, since decoding refuses any other encoding.
+        let hash = alloy_primitives::keccak256(&raw);
+        if self.snapshot.load().by_hash.contains_key(&hash) {
+            return Ok(hash);
+        }
+        let _permit = match origin.admission() {
+            Admission::Refuse => self.inflight.try_acquire().map_err(|_| SubmitError::Busy)?,
+            Admission::Wait => self.inflight.acquire().await.map_err(|_| stopping())?,
+        };
+        let rules = self.rules.load_full().ok_or_else(unknown_chain)?;
+        // Decoding and sender recovery run on the verifier threads, in parallel, before
+        // anything is locked, and beside (not in front of) the readers.
+        let verified = self.verifier.verify(raw.clone(), rules, origin.admission()).await;
+        let (tx, envelope) = verified.map_err(|e| self.refused(e))?;
+        let hash = tx.hash;
+        if self.snapshot.load().by_hash.contains_key(&hash) {
+            return Ok(hash);
+        }
+        let (nonce, balance) = self.state.get(tx.sender).await.map_err(SubmitError::Unavailable)?;
+        let answer = self.insert(Pooled { tx, raw, envelope }, nonce, balance, journal)?;
+        let result = answer.await.map_err(|_| stopping())?;
+        self.settle(hash, origin, result)
+    }
+
+    /// Hands one verified transaction to the writer; its answer comes on the receiver.
+    fn insert(
+        &self,
+        pooled: Pooled,
+        nonce: u64,
+        balance: alloy_primitives::U256,
+        journal: bool,
+    ) -> Result<oneshot::Receiver<Result<B256, InsertError>>, SubmitError> {
+        let (reply, answer) = oneshot::channel();
+        let submission = Submission { pooled: Arc::new(pooled), nonce, balance, journal, reply: Some(reply) };
+        self.commands.send(Command::Insert(submission)).map_err(|_| stopping())?;
+        Ok(answer)
+    }
+
+    /// A verifier's refusal, counted.
+    fn refused(&self, e: VerifyError) -> SubmitError {
+        let reason = match &e {
+            VerifyError::Invalid(e) => e.label(),
+            VerifyError::Busy => "busy",
+            VerifyError::Stopped => return stopping(),
+        };
+        metrics::counter!("sluice_mempool_refused_total", "network" => self.config.network.clone(), "reason" => reason)
+            .increment(1);
+        match e {
+            VerifyError::Invalid(e) => e.into(),
+            _ => SubmitError::Busy,
+        }
+    }
+
+    /// The writer's answer as the submitter sees it.
+    fn settle(&self, hash: B256, origin: Origin, result: Result<B256, InsertError>) -> Result<B256, SubmitError> {
+        match result {
+            Ok(_) | Err(InsertError::AlreadyKnown) => {
+                tracing::debug!(%hash, ?origin, "transaction pooled");
+                Ok(hash)
+            }
+            Err(e @ InsertError::NonceTooLow { .. }) if origin == Origin::Reorg => {
+                // Included again by the new chain.
+                self.statuses.record(hash, TxStatus::Mined { block: None });
+                Err(e.into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Internal submissions in bulk (journal replay, reorg re-injection): verified in
+    /// parallel, waiting for room rather than refused as busy, then inserted in the order
+    /// given, so a sender's nonces arrive in order and none is refused as a gap over
+    /// `account_queue`. One answer per transaction, in order.
+    pub async fn submit_in_order(
+        &self,
+        raws: Vec<Bytes>,
+        origin: Origin,
+        journal: bool,
+    ) -> Vec<Result<B256, SubmitError>> {
+        let Some(rules) = self.rules.load_full() else {
+            return raws.iter().map(|_| Err(unknown_chain())).collect();
+        };
+        // Half the queue at most, so outside callers still find room meanwhile.
+        let window = (self.config.verify_queue / 2).max(1);
+        let mut verified = futures_util::stream::iter(raws)
+            .map(|raw| {
+                let rules = rules.clone();
+                async move {
+                    let verified = self.verifier.verify(raw.clone(), rules, Admission::Wait).await;
+                    (raw, verified)
+                }
+            })
+            .buffered(window);
+        let mut results = Vec::new();
+        let mut chunk = Vec::with_capacity(IN_ORDER_CHUNK);
+        loop {
+            let next = verified.next().await;
+            let end = next.is_none();
+            chunk.extend(next);
+            if chunk.len() >= IN_ORDER_CHUNK || (end && !chunk.is_empty()) {
+                results.extend(self.insert_in_order(std::mem::take(&mut chunk), origin, journal).await);
+            }
+            if end {
+                return results;
+            }
+        }
+    }
+
+    /// Inserts a chunk of verified transactions in order: one state read per distinct sender,
+    /// then every insert queued to the writer before any answer is awaited (one batch there).
+    async fn insert_in_order(
+        &self,
+        chunk: Vec<(Bytes, Result<Verified, VerifyError>)>,
+        origin: Origin,
+        journal: bool,
+    ) -> Vec<Result<B256, SubmitError>> {
+        let mut senders: Vec<Address> =
+            chunk.iter().filter_map(|(_, v)| v.as_ref().ok().map(|(tx, _)| tx.sender)).collect();
+        senders.sort_unstable();
+        senders.dedup();
+        let states: std::collections::HashMap<Address, _> =
+            senders.iter().copied().zip(self.state.get_many(&senders).await).collect();
+        let queued: Vec<_> = chunk
+            .into_iter()
+            .map(|(raw, verified)| {
+                let (tx, envelope) = verified.map_err(|e| self.refused(e))?;
+                let hash = tx.hash;
+                let state = states.get(&tx.sender).cloned().unwrap_or_else(|| Err("no state read".into()));
+                let (nonce, balance) = state.map_err(SubmitError::Unavailable)?;
+                Ok((hash, self.insert(Pooled { tx, raw, envelope }, nonce, balance, journal)?))
+            })
+            .collect();
+        let mut results = Vec::with_capacity(queued.len());
+        for item in queued {
+            results.push(match item {
+                Ok((hash, answer)) => match answer.await {
+                    Ok(result) => self.settle(hash, origin, result),
+                    Err(_) => Err(stopping()),
+                },
+                Err(e) => Err(e),
+            });
+        }
+        results
+    }
+}
+
+pub(crate) fn stopping() -> SubmitError {
+    SubmitError::Unavailable("the mempool is stopping".into())
+}
+
+pub(crate) fn unknown_chain() -> SubmitError {
+    SubmitError::Unavailable("the chain id is not known yet (the upstream has not answered)".into())
+}

@@ -1,0 +1,79 @@
+//! The seams the rest of sluice uses the mempool through: [`TxIntake`] (submissions, with their
+//! [`Origin`] and [`SubmitError`]) and [`PoolView`] (lock-free reads of the published snapshot).
+
+use std::sync::Arc;
+
+use alloy_primitives::{Address, Bytes, B256};
+use async_trait::async_trait;
+
+use crate::verify::Admission;
+use crate::view::{Pooled, Snapshot};
+use crate::{DecodeError, InsertError};
+
+/// Where a transaction came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// `eth_sendRawTransaction`.
+    Rpc,
+    /// The QUIC ingress.
+    Quic,
+    /// A peer sluice node.
+    Peer,
+    /// Re-injected after a reorg dropped its block.
+    Reorg,
+    /// Replayed from the journal at start.
+    Journal,
+}
+
+impl Origin {
+    /// When the intake is full: outside callers (who can retry) are refused as busy; the
+    /// pool's own work (replay, re-injection) and its peers' wait for room, so nothing
+    /// acknowledged is dropped for being busy.
+    pub fn admission(self) -> Admission {
+        match self {
+            Origin::Rpc | Origin::Quic => Admission::Refuse,
+            Origin::Peer | Origin::Reorg | Origin::Journal => Admission::Wait,
+        }
+    }
+}
+
+/// Why a submission was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// Undecodable or failing a stateless rule.
+    #[error(transparent)]
+    Invalid(#[from] DecodeError),
+    /// Refused by the pool's rules.
+    #[error(transparent)]
+    Refused(#[from] InsertError),
+    /// The account state could not be read, or the mempool is stopping.
+    #[error("transaction not accepted: {0}")]
+    Unavailable(String),
+    /// Too many submissions in flight.
+    #[error("mempool busy: too many transactions in flight")]
+    Busy,
+}
+
+/// Takes transactions in (the seam the gateway, the QUIC ingress and the peer mesh use).
+#[async_trait]
+pub trait TxIntake: Send + std::marker::Sync + 'static {
+    /// Validates, pools and journals one raw transaction; answers with its hash once it is
+    /// durable and visible to readers. A transaction already pooled answers with its hash.
+    async fn submit(&self, raw: Bytes, origin: Origin) -> Result<B256, SubmitError>;
+}
+
+/// Reads the pool without waiting for writers.
+pub trait PoolView: Send + std::marker::Sync + 'static {
+    /// The latest published snapshot.
+    fn snapshot(&self) -> Arc<Snapshot>;
+
+    /// A pooled transaction by hash.
+    fn get(&self, hash: &B256) -> Option<Arc<Pooled>> {
+        self.snapshot().by_hash.get(hash).cloned()
+    }
+
+    /// `eth_getTransactionCount(sender, "pending")` when the pool holds the sender's transactions.
+    fn pending_nonce(&self, sender: &Address) -> Option<u64> {
+        self.snapshot().senders.get(sender).map(|v| v.pending_nonce)
+    }
+}
