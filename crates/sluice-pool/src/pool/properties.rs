@@ -1,5 +1,3 @@
-//! Properties of the pool under any sequence of operations.
-
 //! Whatever sequence of operations the pool sees, its invariants hold.
 
 use proptest::prelude::*;
