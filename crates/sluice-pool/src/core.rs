@@ -46,6 +46,9 @@ impl Core {
         self.snapshot.load_full()
     }
 
+    /// One submission: verified, its sender's state read, inserted by the writer and (with
+    /// `journal`; false for records replayed from it) journaled before the answer. When the
+    /// intake is full, refuses or waits as `origin`'s admission says.
     pub async fn submit_with(&self, raw: Bytes, origin: Origin, journal: bool) -> Result<B256, SubmitError> {
         // A transaction already pooled (peers forward each transaction several times) is
         // answered from the snapshot, before any decoding or sender recovery: its hash is the

@@ -183,20 +183,9 @@ impl<N: Node> Pool<N> {
 
 /// keccak256 of the raw transaction bytes: its hash, for "already known" answers.
 fn tx_hash(req: &Request) -> Option<Box<RawValue>> {
-    use tiny_keccak::{Hasher, Keccak};
     let (hex,): (String,) = serde_json::from_str(req.params_text()).ok()?;
-    let hex = hex.strip_prefix("0x")?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    let bytes: Vec<u8> =
-        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16)).collect::<Result<_, _>>().ok()?;
-    let mut keccak = Keccak::v256();
-    keccak.update(&bytes);
-    let mut hash = [0u8; 32];
-    keccak.finalize(&mut hash);
-    let text: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-    RawValue::from_string(format!("\"0x{text}\"")).ok()
+    let bytes = alloy_primitives::hex::decode(hex.strip_prefix("0x")?).ok()?;
+    RawValue::from_string(format!("\"{}\"", alloy_primitives::keccak256(bytes))).ok()
 }
 
 #[cfg(test)]
