@@ -136,7 +136,7 @@ impl Core {
         };
         // Half the queue at most, so outside callers still find room meanwhile.
         let window = (self.config.verify_queue / 2).max(1);
-        let mut verified = futures_util::stream::iter(raws)
+        let mut chunks = futures_util::stream::iter(raws)
             .map(|raw| {
                 let rules = rules.clone();
                 async move {
@@ -144,20 +144,13 @@ impl Core {
                     (raw, verified)
                 }
             })
-            .buffered(window);
+            .buffered(window)
+            .chunks(IN_ORDER_CHUNK);
         let mut results = Vec::new();
-        let mut chunk = Vec::with_capacity(IN_ORDER_CHUNK);
-        loop {
-            let next = verified.next().await;
-            let end = next.is_none();
-            chunk.extend(next);
-            if chunk.len() >= IN_ORDER_CHUNK || (end && !chunk.is_empty()) {
-                results.extend(self.insert_in_order(std::mem::take(&mut chunk), origin, journal).await);
-            }
-            if end {
-                return results;
-            }
+        while let Some(chunk) = chunks.next().await {
+            results.extend(self.insert_in_order(chunk, origin, journal).await);
         }
+        results
     }
 
     /// Inserts a chunk of verified transactions in order: one state read per distinct sender,

@@ -102,20 +102,14 @@ impl Journal {
         if let Some(n) = self.fail_after.take() {
             let mut bytes = Vec::new();
             for raw in raws {
-                bytes.extend_from_slice(&(raw.len() as u32).to_be_bytes());
-                bytes.extend_from_slice(&crc32fast::hash(raw).to_be_bytes());
-                bytes.extend_from_slice(raw);
+                write_record(&mut bytes, raw)?;
             }
             self.file.write_all(&bytes[..n.min(bytes.len())])?;
             self.file.flush()?;
             return Err(std::io::Error::other("injected journal failure"));
         }
         for raw in raws {
-            let len = u32::try_from(raw.len()).map_err(|_| std::io::Error::other("record too large"))?;
-            self.file.write_all(&len.to_be_bytes())?;
-            self.file.write_all(&crc32fast::hash(raw).to_be_bytes())?;
-            self.file.write_all(raw)?;
-            *added += 8 + u64::from(len);
+            *added += write_record(&mut self.file, raw)?;
         }
         self.file.flush()?;
         if self.sync == Sync::Always {
@@ -151,9 +145,7 @@ impl Journal {
         {
             let mut out = BufWriter::new(File::create(&tmp)?);
             for raw in live {
-                out.write_all(&(raw.len() as u32).to_be_bytes())?;
-                out.write_all(&crc32fast::hash(raw).to_be_bytes())?;
-                out.write_all(raw)?;
+                write_record(&mut out, raw)?;
             }
             out.flush()?;
             out.get_ref().sync_all()?;
@@ -172,6 +164,15 @@ impl Journal {
         self.torn = false;
         Ok(())
     }
+}
+
+/// Writes one record (`[len][crc32][payload]`); returns its length in bytes.
+fn write_record(out: &mut impl Write, raw: &[u8]) -> std::io::Result<u64> {
+    let len = u32::try_from(raw.len()).map_err(|_| std::io::Error::other("record too large"))?;
+    out.write_all(&len.to_be_bytes())?;
+    out.write_all(&crc32fast::hash(raw).to_be_bytes())?;
+    out.write_all(raw)?;
+    Ok(8 + u64::from(len))
 }
 
 /// Reads records up to the first torn or corrupt one; returns them and the length they span.

@@ -37,8 +37,8 @@ pub struct Mempool {
     pending_events: broadcast::Sender<Arc<Pooled>>,
     /// Ends the mempool's tasks ([`Mempool::shutdown`]).
     cancel: CancellationToken,
-    /// Its tasks (relay, head maintenance, background start and replay): they hold the
-    /// mempool, so they are owned here and ended by the token, never left running.
+    /// Its tasks (relay and head maintenance hold the core; the background start and replay
+    /// retries hold the mempool itself): owned here and ended by the token, never left running.
     tasks: std::sync::Mutex<JoinSet<()>>,
     writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }

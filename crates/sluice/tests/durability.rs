@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use alloy_primitives::Address;
-use common::BIN;
+use common::{fund_all, txpool_hashes, BIN};
 use serde_json::{json, Value};
 use sluice_bench::txgen::{Fees, SignedTx, Wallet};
-use sluice_testkit::{rpc_result, Anvil, Sluice};
+use sluice_testkit::{Anvil, Sluice};
 
 const CHAIN: u64 = 31337;
 
@@ -19,32 +19,12 @@ fn to() -> Address {
     "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".parse().unwrap()
 }
 
-/// Funds every wallet in one batch, straight at anvil.
-async fn fund_all(client: &reqwest::Client, anvil: &Anvil, wallets: &[Wallet]) {
-    let batch: Vec<Value> = wallets
-        .iter()
-        .enumerate()
-        .map(|(i, w)| json!({"jsonrpc":"2.0","id":i,"method":"anvil_setBalance","params":[format!("{}", w.address()), "0xffffffffffffffffffff"]}))
-        .collect();
-    let funded: Value = client.post(anvil.http_url()).json(&batch).send().await.unwrap().json().await.unwrap();
-    assert!(funded.as_array().unwrap().iter().all(|r| r.get("error").is_none()), "funded");
-}
-
 /// Every hash in `txpool_content` (pending and queued).
 async fn pooled_hashes(client: &reqwest::Client, url: &str) -> HashSet<String> {
-    let content = rpc_result(client, url, "txpool_content", json!([])).await;
-    let mut hashes = HashSet::new();
-    for part in ["pending", "queued"] {
-        for txs in content[part].as_object().into_iter().flat_map(|m| m.values()) {
-            for tx in txs.as_object().into_iter().flat_map(|m| m.values()) {
-                hashes.insert(tx["hash"].as_str().unwrap_or_default().to_owned());
-            }
-        }
-    }
-    hashes
+    txpool_hashes(client, url, &["pending", "queued"]).await
 }
 
-/// Sends `txs` as batches of `per_batch`; records each hash the pool answered with.
+/// Sends `txs` as batches of 20; records each hash the pool answered with.
 async fn send_batches(client: reqwest::Client, url: String, txs: Vec<SignedTx>, acked: Arc<Mutex<Vec<String>>>) {
     for chunk in txs.chunks(20) {
         let batch: Vec<Value> = chunk
@@ -83,7 +63,7 @@ async fn kill_during_ingest(senders: u64, nonces: u64, kill_at: usize, extra: &[
     let mut sluice = Sluice::spawn_env(BIN, &args, &env);
     let client = reqwest::Client::new();
     let wallets: Vec<Wallet> = (0..senders).map(|i| Wallet::numbered(20_000 + i, CHAIN)).collect();
-    fund_all(&client, &anvil, &wallets).await;
+    fund_all(&client, &anvil, wallets.iter().map(|w| w.address())).await;
     let signed: Vec<Vec<SignedTx>> = tokio::task::spawn_blocking(move || {
         wallets.iter().map(|w| (0..nonces).map(|n| w.transfer(n, to(), 1, Fees::default())).collect()).collect()
     })

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
 use alloy_primitives::Address;
-use common::{fund, wait_receipt, BIN, DEV_KEY};
+use common::{fund, fund_all, txpool_hashes, wait_receipt, BIN, DEV_KEY};
 use serde_json::json;
 use sluice_bench::txgen::{Fees, Wallet};
 use sluice_ingress::{Client, ClientError, ClientOptions, Identity, KeyPair};
@@ -117,9 +117,7 @@ async fn five_thousand_transactions_over_quic_from_four_clients_all_reach_the_po
     let (sluice, addr, server) = serve_with_ingress(&anvil, dir.path(), &[]);
     let http = reqwest::Client::new();
     let wallets: Vec<Wallet> = (0..250).map(|i| Wallet::numbered(40_000 + i, CHAIN)).collect();
-    for w in &wallets {
-        fund(&http, &anvil, w.address(), "0xffffffffffffffffffff").await;
-    }
+    fund_all(&http, &anvil, wallets.iter().map(|w| w.address())).await;
     let signed = tokio::task::spawn_blocking(move || {
         let mut lanes: Vec<Vec<_>> = (0..4).map(|_| Vec::new()).collect();
         for (i, w) in wallets.iter().enumerate() {
@@ -168,14 +166,7 @@ async fn five_thousand_transactions_over_quic_from_four_clients_all_reach_the_po
     }
     assert!(refused.is_empty(), "{} refused, e.g. {:?}", refused.len(), refused.first());
     assert_eq!(accepted.len(), 5_000);
-    let content = rpc_result(&http, &sluice.http_url(), "txpool_content", json!([])).await;
-    let pooled: std::collections::HashSet<String> = content["pending"]
-        .as_object()
-        .into_iter()
-        .flat_map(|m| m.values())
-        .flat_map(|txs| txs.as_object().into_iter().flat_map(|m| m.values()))
-        .filter_map(|tx| tx["hash"].as_str().map(str::to_owned))
-        .collect();
+    let pooled = txpool_hashes(&http, &sluice.http_url(), &["pending"]).await;
     let missing = accepted.iter().filter(|h| !pooled.contains(*h)).count();
     assert_eq!(missing, 0, "{missing} of 5,000 answered with a hash are not pending in the pool");
 }

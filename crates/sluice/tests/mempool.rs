@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use alloy_primitives::Address;
 use common::ws::{next, subscribe};
-use common::{eventually, fund, wait_receipt, BIN, DEV_KEY};
+use common::{eventually, fund, fund_all, wait_receipt, BIN, DEV_KEY};
 use serde_json::{json, Value};
 use sluice_bench::txgen::{Fees, SignedTx, Wallet};
 use sluice_testkit::{foundry_tool, rpc, rpc_result, Anvil, Sluice};
@@ -266,13 +266,7 @@ async fn read_your_write_holds_for_1000_concurrent_senders() {
     let url = sluice.http_url();
     let wallets: Vec<Wallet> = (0..1000).map(|i| Wallet::numbered(i, CHAIN)).collect();
     // Fund them in one batch straight at anvil.
-    let batch: Vec<Value> = wallets
-        .iter()
-        .enumerate()
-        .map(|(i, w)| json!({"jsonrpc":"2.0","id":i,"method":"anvil_setBalance","params":[format!("{}", w.address()), "0xffffffffffffffffffff"]}))
-        .collect();
-    let funded: Value = client.post(anvil.http_url()).json(&batch).send().await.unwrap().json().await.unwrap();
-    assert!(funded.as_array().unwrap().iter().all(|r| r.get("error").is_none()), "funded");
+    fund_all(&client, &anvil, wallets.iter().map(|w| w.address())).await;
     let checks = wallets.into_iter().map(|w| {
         let (client, url) = (client.clone(), url.clone());
         async move {

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use alloy_primitives::Address;
-use common::{fund, BIN};
+use common::{fund, fund_all, BIN};
 use serde_json::{json, Value};
 use sluice_bench::txgen::{Fees, Wallet};
 use sluice_testkit::{rpc, rpc_result, Anvil, Sluice};
@@ -159,9 +159,7 @@ async fn a_restarted_peer_at_the_end_of_a_line_gets_everything_it_missed() {
     let mut c = node(&anvil, dir.path(), "c", pc, &[&b.address]);
     let http = reqwest::Client::new();
     let wallets: Vec<Wallet> = (0..SENDERS).map(|i| Wallet::numbered(300 + i, CHAIN)).collect();
-    for w in &wallets {
-        fund(&http, &anvil, w.address(), "0x56BC75E2D63100000").await;
-    }
+    fund_all(&http, &anvil, wallets.iter().map(|w| w.address())).await;
     let send = |from: u64, to_nonce: u64| {
         let (http, url, wallets) = (http.clone(), a.sluice.http_url(), wallets.clone());
         async move {

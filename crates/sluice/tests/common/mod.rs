@@ -184,6 +184,35 @@ pub async fn fund(client: &reqwest::Client, anvil: &Anvil, address: impl std::fm
     rpc_result(client, &anvil.http_url(), "anvil_setBalance", json!([address.to_string(), wei])).await;
 }
 
+/// Gives each address a large balance on anvil, in one JSON-RPC batch.
+pub async fn fund_all<A: std::fmt::Display>(
+    client: &reqwest::Client,
+    anvil: &Anvil,
+    addresses: impl IntoIterator<Item = A>,
+) {
+    let batch: Vec<Value> = addresses
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| json!({"jsonrpc":"2.0","id":i,"method":"anvil_setBalance","params":[a.to_string(), "0xffffffffffffffffffff"]}))
+        .collect();
+    let funded: Value = client.post(anvil.http_url()).json(&batch).send().await.unwrap().json().await.unwrap();
+    assert!(funded.as_array().unwrap().iter().all(|r| r.get("error").is_none()), "funded: {funded}");
+}
+
+/// The hashes `txpool_content` lists under `parts` (`"pending"`, `"queued"`).
+pub async fn txpool_hashes(client: &reqwest::Client, url: &str, parts: &[&str]) -> std::collections::HashSet<String> {
+    let content = rpc_result(client, url, "txpool_content", json!([])).await;
+    let mut hashes = std::collections::HashSet::new();
+    for part in parts {
+        for txs in content[*part].as_object().into_iter().flat_map(|m| m.values()) {
+            for tx in txs.as_object().into_iter().flat_map(|m| m.values()) {
+                hashes.insert(tx["hash"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    hashes
+}
+
 /// Polls `check` every 20 ms until it holds, for at most `within` (waits for a condition, not a time).
 pub async fn eventually<F, Fut>(within: std::time::Duration, what: &str, mut check: F)
 where
