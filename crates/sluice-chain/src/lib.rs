@@ -10,7 +10,7 @@ mod need;
 mod tag;
 mod tracker;
 
-pub use need::{block_position, BlockNeed};
+pub use need::{answers_null_when_unknown, block_position, reads_state, BlockNeed};
 
 pub use tag::parse_quantity;
 pub use tag::BlockTag;

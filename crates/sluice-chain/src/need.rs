@@ -85,6 +85,14 @@ impl BlockNeed {
         }
     }
 
+    /// The lowest height the call needs, when it names one.
+    pub fn lowest(&self) -> Option<u64> {
+        match self {
+            BlockNeed::Range { from, .. } => Some(*from),
+            other => other.highest(),
+        }
+    }
+
     /// True when the answer depends on one particular block (or range) existing on the node,
     /// so that "unknown block" from one node may be answered by another.
     pub fn is_specific(&self) -> bool {
@@ -112,6 +120,43 @@ pub fn block_position(method: &str) -> Option<(usize, bool)> {
         "eth_getStorageAt" | "eth_getProof" => (2, true),
         _ => return None,
     })
+}
+
+/// What a method reads at its block: the state (balances, code, storage, calls), which pruned
+/// nodes drop first, or the chain's data (headers, bodies, receipts, logs), which they keep
+/// longer. Routing by a member's lowest block asks for the one the call reads.
+pub fn reads_state(method: &str) -> bool {
+    matches!(
+        method,
+        "eth_getBalance"
+            | "eth_getCode"
+            | "eth_getTransactionCount"
+            | "eth_call"
+            | "eth_estimateGas"
+            | "eth_createAccessList"
+            | "eth_getStorageAt"
+            | "eth_getProof"
+    ) || method.starts_with("debug_trace")
+        || method.starts_with("trace_")
+}
+
+/// Methods whose `null` result means "no such object" (a block, a transaction, a receipt), an
+/// answer a node that lacks the object gives as readily as one that knows there is none.
+pub fn answers_null_when_unknown(method: &str) -> bool {
+    matches!(
+        method,
+        "eth_getBlockByNumber"
+            | "eth_getBlockByHash"
+            | "eth_getBlockReceipts"
+            | "eth_getTransactionByHash"
+            | "eth_getTransactionReceipt"
+            | "eth_getTransactionByBlockHashAndIndex"
+            | "eth_getTransactionByBlockNumberAndIndex"
+            | "eth_getBlockTransactionCountByHash"
+            | "eth_getBlockTransactionCountByNumber"
+            | "eth_getUncleCountByBlockHash"
+            | "eth_getUncleCountByBlockNumber"
+    )
 }
 
 /// Where a block hash sits for the by-hash methods.
@@ -221,5 +266,16 @@ mod tests {
         assert_eq!(BlockNeed::Hash { hash: hash(), number: Some(3) }.highest(), Some(3));
         assert!(BlockNeed::Number(1).is_specific());
         assert!(!BlockNeed::Head.is_specific() && !BlockNeed::Any.is_specific());
+        assert_eq!(BlockNeed::Range { from: 1, to: 4 }.lowest(), Some(1));
+        assert_eq!(BlockNeed::Number(7).lowest(), Some(7));
+        assert_eq!(BlockNeed::Head.lowest(), None);
+    }
+
+    #[test]
+    fn state_reads_and_null_answers() {
+        assert!(reads_state("eth_getBalance") && reads_state("eth_call") && reads_state("debug_traceCall"));
+        assert!(!reads_state("eth_getBlockByNumber") && !reads_state("eth_getLogs"));
+        assert!(answers_null_when_unknown("eth_getTransactionReceipt"));
+        assert!(!answers_null_when_unknown("eth_call"));
     }
 }

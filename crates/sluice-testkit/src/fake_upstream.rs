@@ -65,6 +65,15 @@ pub enum Fault {
         /// Seconds sent in `Retry-After`.
         retry_after: Option<u64>,
     },
+    /// Relays to a real node and passes each answer (of a single call, or each call of a batch)
+    /// with its request through `alter`: a node that lies, or answers `null` where it should
+    /// not. Every body is recorded (see `requests_for`).
+    Alter {
+        /// The real node's URL.
+        to: String,
+        /// Changes an answer in place, given its request.
+        alter: fn(&serde_json::Value, &mut serde_json::Value),
+    },
     /// Relays to a real node, except single `eth_getLogs` calls spanning more than
     /// `max_range` blocks, refused as providers do ("query returned more than 10000
     /// results"). Every body is recorded (see `requests_for`).
@@ -166,6 +175,12 @@ impl FakeUpstream {
         self.bodies.lock().unwrap().iter().filter(|b| b.contains(&needle)).count()
     }
 
+    /// How many requests contain `text` (case-insensitive).
+    pub fn requests_with(&self, text: &str) -> usize {
+        let needle = text.to_ascii_lowercase();
+        self.bodies.lock().unwrap().iter().filter(|b| b.to_ascii_lowercase().contains(&needle)).count()
+    }
+
     /// How many requests arrived.
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
@@ -211,6 +226,26 @@ async fn answer(
             }
         },
         Fault::FaultyRelay { to, .. } => relay(&to, body).await,
+        Fault::Alter { to, alter } => {
+            let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let (status, text) = relay(&to, body).await;
+            match serde_json::from_str::<serde_json::Value>(&text) {
+                Ok(mut answer) => {
+                    match (&request, &mut answer) {
+                        (serde_json::Value::Array(reqs), serde_json::Value::Array(answers)) => {
+                            for a in answers.iter_mut() {
+                                if let Some(req) = reqs.iter().find(|r| r["id"] == a["id"]) {
+                                    alter(req, a);
+                                }
+                            }
+                        }
+                        (req, answer) => alter(req, answer),
+                    }
+                    (status, answer.to_string())
+                }
+                Err(_) => (status, text),
+            }
+        }
         Fault::Stall { at, stall } => {
             let now = started.elapsed();
             if now >= at && now < at + stall {

@@ -32,6 +32,9 @@ pub struct CallCtx {
     pub needs: BlockNeed,
     /// Where it comes from: a client, or sluice itself.
     pub origin: Origin,
+    /// A layer above knows the object asked for exists (the mempool saw the transaction
+    /// mined): a `null` answer is not believed until every member has said so.
+    pub expect_found: bool,
 }
 
 /// Who makes a call.
@@ -60,6 +63,7 @@ impl Call {
                 deadline: None,
                 needs,
                 origin: Origin::Client,
+                expect_found: false,
             },
         }
     }

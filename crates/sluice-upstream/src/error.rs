@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use sluice_jsonrpc::{codes, ErrorObject};
 
+/// EIP-1474's "resource not found".
+const RESOURCE_NOT_FOUND: i64 = -32001;
+
 /// A failed upstream call. Displays without addresses or node internals, so it is safe to show
 /// to callers; the details are logged where the failure happens.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,9 +32,32 @@ pub enum UpstreamError {
     /// The node refused a batch of this size as a whole (the pool splits it and sends again).
     #[error("upstream refused the batch as too large")]
     BatchRefused,
-    /// No upstream's known blocks cover what the call needs.
-    #[error("no upstream has the block this call needs")]
-    NotCovered,
+    /// Every upstream that could take the call has pruned the block it needs.
+    #[error("block {block:#x} is not available: the lowest block any upstream keeps is {lowest:#x}")]
+    NotCovered {
+        /// The lowest block the call needs.
+        block: u64,
+        /// The lowest block (of the data the call reads) any upstream has.
+        lowest: u64,
+    },
+    /// The call needs a block beyond every upstream's head (an `eth_getLogs` range end, which
+    /// a node behind would answer with an empty list that is not evidence).
+    #[error("block {block:#x} is beyond the highest upstream head {head:#x}")]
+    BeyondHead {
+        /// The highest block the call needs.
+        block: u64,
+        /// The highest head an upstream has.
+        head: u64,
+    },
+    /// Consensus: the upstreams asked did not agree. `answers` counts the upstreams behind each
+    /// distinct answer (largest first); `agree` were needed.
+    #[error("upstreams disagree: {} distinct answers, {agree} needed to agree", answers.len())]
+    Disagreement {
+        /// Upstreams per distinct answer, largest first.
+        answers: Vec<u32>,
+        /// How many had to give the same answer.
+        agree: u32,
+    },
     /// The node refused for its provider's rate (HTTP 429), with the `Retry-After` it gave.
     #[error("upstream is rate limited")]
     RateLimited(Option<Duration>),
@@ -52,7 +78,12 @@ impl UpstreamError {
             UpstreamError::NoneAvailable => "none_available",
             UpstreamError::BudgetExhausted => "budget_exhausted",
             UpstreamError::BatchRefused => "batch_refused",
-            UpstreamError::NotCovered => "not_covered",
+            UpstreamError::NotCovered { .. } => "pruned",
+            UpstreamError::BeyondHead { .. } => "beyond_head",
+            UpstreamError::Disagreement { answers, agree } if answers.iter().sum::<u32>() < *agree => {
+                "consensus_too_few_answers"
+            }
+            UpstreamError::Disagreement { .. } => "consensus_dispute",
             UpstreamError::RateLimited(_) => "rate_limited",
         }
     }
@@ -63,8 +94,22 @@ impl UpstreamError {
     pub fn to_error_object(&self) -> ErrorObject {
         let code = match self {
             UpstreamError::BudgetExhausted | UpstreamError::RateLimited(_) => codes::LIMIT_EXCEEDED,
+            // EIP-1474 "resource not found": what a node itself says of a block it lacks.
+            UpstreamError::NotCovered { .. } | UpstreamError::BeyondHead { .. } => RESOURCE_NOT_FOUND,
             _ => codes::RESOURCE_UNAVAILABLE,
         };
-        ErrorObject::new(code, self.to_string()).with_data(serde_json::json!({ "reason": self.kind() }))
+        let data = match self {
+            UpstreamError::NotCovered { block, lowest } => {
+                serde_json::json!({ "reason": self.kind(), "block": format!("{block:#x}"), "lowest": format!("{lowest:#x}") })
+            }
+            UpstreamError::BeyondHead { block, head } => {
+                serde_json::json!({ "reason": self.kind(), "block": format!("{block:#x}"), "head": format!("{head:#x}") })
+            }
+            UpstreamError::Disagreement { answers, agree } => {
+                serde_json::json!({ "reason": self.kind(), "answers": answers, "agree": agree })
+            }
+            _ => serde_json::json!({ "reason": self.kind() }),
+        };
+        ErrorObject::new(code, self.to_string()).with_data(data)
     }
 }

@@ -246,6 +246,15 @@ pub struct PoolSection {
     /// When the budget store fails: let calls through (true, the default; the local budgets
     /// still hold) or refuse them with -32005 (false).
     pub budget_store_fail_open: bool,
+    /// How often each upstream's lowest blocks (state, chain data) are searched for again.
+    #[serde(with = "humantime_serde")]
+    pub range_probe_interval: Duration,
+    /// Integrity checks on answers, each on by default (see docs/upstreams.md).
+    pub integrity: sluice_upstream::pool::IntegrityConfig,
+    /// Methods put to a vote of several upstreams: `[[pool.consensus]] methods = ["eth_call"]
+    /// ask = 3 agree = 2`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub consensus: Vec<sluice_upstream::pool::ConsensusRule>,
 }
 
 impl PoolSection {
@@ -289,6 +298,9 @@ impl Default for PoolSection {
             budget_wait: d.budget_wait,
             budget_store: None,
             budget_store_fail_open: true,
+            range_probe_interval: d.range_probe_interval,
+            integrity: d.integrity,
+            consensus: Vec::new(),
         }
     }
 }
@@ -297,6 +309,9 @@ impl TryFrom<&PoolSection> for sluice_upstream::pool::PoolConfig {
     type Error = String;
 
     fn try_from(p: &PoolSection) -> Result<Self, String> {
+        for rule in &p.consensus {
+            rule.validate().map_err(|e| format!("pool.{e}"))?;
+        }
         Ok(Self {
             max_attempts: p.max_attempts,
             deadline: p.deadline,
@@ -311,6 +326,9 @@ impl TryFrom<&PoolSection> for sluice_upstream::pool::PoolConfig {
             method_timeouts: p.method_timeouts()?,
             max_batch: p.max_batch,
             network: "default".to_owned(),
+            integrity: p.integrity,
+            consensus: p.consensus.clone(),
+            range_probe_interval: p.range_probe_interval,
         })
     }
 }
@@ -427,6 +445,12 @@ pub struct UpstreamConfig {
     /// These methods never go here (`prefix_*` wildcards).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude_methods: Vec<String>,
+    /// It keeps every block and every state: never probed for its range.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub archive: bool,
+    /// It keeps the state of this many recent blocks (a pruned node); absent: learned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<u64>,
 }
 
 fn default_weight() -> u32 {
@@ -522,6 +546,18 @@ impl UpstreamConfig {
             daily_quota: None,
             methods: Vec::new(),
             exclude_methods: Vec::new(),
+            archive: false,
+            history: None,
+        }
+    }
+
+    /// What it keeps, as declared.
+    pub fn history(&self) -> sluice_upstream::pool::History {
+        use sluice_upstream::pool::History;
+        match (self.archive, self.history) {
+            (true, _) => History::Archive,
+            (false, Some(n)) => History::Recent(n),
+            (false, None) => History::Unknown,
         }
     }
 

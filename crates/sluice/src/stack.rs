@@ -58,6 +58,7 @@ pub async fn build_pool(
             max_batch: c.max_batch,
             rate: c.rate,
             daily_quota: c.daily_quota,
+            history: c.history(),
         })
         .collect();
     let mut pool_config = PoolConfig::try_from(&net.pool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;

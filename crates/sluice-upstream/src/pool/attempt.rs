@@ -8,6 +8,7 @@ use sluice_chain::BlockNeed;
 use sluice_jsonrpc::Outcome;
 
 use super::classify::{is_missing_block, judge_error, Verdict};
+use super::integrity::Suspect;
 use super::{Node, Order, Pool};
 use crate::{Answer, Call, UpstreamError};
 
@@ -25,9 +26,11 @@ pub(super) enum Step {
     Missing,
 }
 
-/// Judges one outcome for a call that needs `needs`.
-pub(super) fn judge(outcome: &Result<Outcome, UpstreamError>, needs: &BlockNeed) -> Step {
+/// Judges one outcome for a call that needs `needs`; a result the integrity checks find
+/// `suspect` is treated as "missing": another member first.
+pub(super) fn judge(outcome: &Result<Outcome, UpstreamError>, needs: &BlockNeed, suspect: Option<Suspect>) -> Step {
     match outcome {
+        Ok(Outcome::Result(_)) if suspect.is_some() => Step::Missing,
         Ok(Outcome::Result(_)) => Step::Done,
         Ok(Outcome::Error(e)) if needs.is_specific() && is_missing_block(e) => Step::Missing,
         Ok(Outcome::Error(e)) => match judge_error(e) {
@@ -66,8 +69,17 @@ impl Attempts {
         let (order, last) = match order {
             Order::Try(order) => (order, None),
             Order::OverBudget => (Vec::new(), Some(Err(UpstreamError::BudgetExhausted))),
+            // The pool resolves these before failover starts.
+            Order::NotCovered { .. } | Order::BeyondHead { .. } => (Vec::new(), None),
         };
         Self { order, tried: vec![Tried::No; members], made: 0, max: max.max(1), last, missing: None }
+    }
+
+    /// No member to ask, for this reason (an answer the pool gives itself).
+    pub(super) fn refused(error: UpstreamError, members: usize) -> Self {
+        let mut attempts = Self::new(Order::Try(Vec::new()), members, 1);
+        attempts.last = Some(Err(error));
+        attempts
     }
 
     /// The member to try next, if any: untried members in order, then members that failed
@@ -105,8 +117,12 @@ impl Attempts {
         i: usize,
         outcome: Result<Outcome, UpstreamError>,
         needs: &BlockNeed,
+        suspect: Option<Suspect>,
     ) -> Option<Result<Answer, UpstreamError>> {
-        match judge(&outcome, needs) {
+        if let Some(why) = suspect {
+            metrics::counter!("sluice_pool_integrity_retries_total", "reason" => why.as_str()).increment(1);
+        }
+        match judge(&outcome, needs, suspect) {
             Step::Done => return Some(outcome.map(Answer::upstream)),
             Step::Retry => {
                 self.tried[i] = Tried::Again;
@@ -120,9 +136,18 @@ impl Attempts {
                 }
             }
             Step::Missing => {
-                metrics::counter!("sluice_pool_missing_block_retries_total").increment(1);
+                if suspect.is_none() {
+                    metrics::counter!("sluice_pool_missing_block_retries_total").increment(1);
+                }
                 if let Ok(outcome) = outcome {
-                    self.missing = Some(Answer::upstream(outcome));
+                    // A suspect result is kept over a "missing block" error: it may be right.
+                    let keep = !matches!(
+                        (&self.missing, &outcome),
+                        (Some(Answer { outcome: Outcome::Result(_), .. }), Outcome::Error(_))
+                    );
+                    if keep {
+                        self.missing = Some(Answer::upstream(outcome));
+                    }
                 }
                 // Members that failed for other reasons get another chance before this
                 // answer is given: they may well have the block.
@@ -136,6 +161,8 @@ impl Attempts {
     /// the truth), else why no member could be asked.
     pub(super) fn finish(&mut self) -> Result<Answer, UpstreamError> {
         match (self.last.take(), self.missing.take()) {
+            // Every member that answered gave a suspect result: it is the best answer had.
+            (_, Some(missing @ Answer { outcome: Outcome::Result(_), .. })) => Ok(missing),
             (Some(Err(e)), _) if !matches!(e, UpstreamError::BudgetExhausted | UpstreamError::NoneAvailable) => Err(e),
             (_, Some(missing)) => Ok(missing),
             (Some(last), None) => last,
@@ -147,12 +174,12 @@ impl Attempts {
 impl<N: Node> Pool<N> {
     /// One call (not a transaction): ordered, hedged on its first attempt, failed over.
     pub(super) async fn call_one(&self, call: &Call) -> Result<Answer, UpstreamError> {
-        let mut attempts = Attempts::new(self.order_for(call), self.members.len(), self.config.max_attempts);
+        let mut attempts = self.attempts_for(call).await;
         let deadline = self.deadline(call);
         let mut first = true;
         while let Some(i) = attempts.next() {
             if !self.members[i].state().breaker.allow(Instant::now()) {
-                attempts.record(i, Err(UpstreamError::NoneAvailable), &call.ctx.needs);
+                attempts.record(i, Err(UpstreamError::NoneAvailable), &call.ctx.needs, None);
                 continue;
             }
             let hedge_to = if first { attempts.peek_after_next() } else { None };
@@ -166,7 +193,8 @@ impl<N: Node> Pool<N> {
                 attempts.mark(j); // already asked this call
             }
             self.learn_from(answered_by, call, &outcome);
-            if let Some(answer) = attempts.record(answered_by, outcome, &call.ctx.needs) {
+            let suspect = self.suspect(call, &outcome);
+            if let Some(answer) = attempts.record(answered_by, outcome, &call.ctx.needs, suspect) {
                 return answer;
             }
         }
@@ -207,7 +235,7 @@ impl<N: Node> Pool<N> {
         metrics::counter!("sluice_pool_hedges_total").increment(1);
         let backup = one(second);
         tokio::pin!(backup);
-        let good = |o: &Result<Outcome, UpstreamError>| judge(o, &call.ctx.needs) == Step::Done;
+        let good = |o: &Result<Outcome, UpstreamError>| judge(o, &call.ctx.needs, self.suspect(call, o)) == Step::Done;
         tokio::select! {
             result = &mut primary => {
                 if good(&result) { (result, first, Some(second)) } else { (backup.await, second, Some(second)) }

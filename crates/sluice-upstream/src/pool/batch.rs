@@ -9,7 +9,7 @@ use sluice_jsonrpc::{Outcome, RawValue, Request};
 use super::attempt::Attempts;
 use super::classify::is_already_known;
 use super::{Node, Pool};
-use crate::{Answer, Call, UpstreamError};
+use crate::{Answer, Call, UpstreamError, Upstreams};
 
 /// Groups of calls for member `i`, as (member, indices into the batch).
 type Groups = BTreeMap<usize, Vec<usize>>;
@@ -38,9 +38,12 @@ impl<N: Node> Pool<N> {
     pub(super) async fn call_many(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let (sends, reads): (Vec<usize>, Vec<usize>) =
             (0..calls.len()).partition(|&i| calls[i].method() == "eth_sendRawTransaction");
+        let (voted, reads): (Vec<usize>, Vec<usize>) =
+            reads.into_iter().partition(|&i| self.consensus_rule(calls[i].method()).is_some());
         let send_calls: Vec<&Call> = sends.iter().map(|&i| calls[i]).collect();
         let read_calls: Vec<&Call> = reads.iter().map(|&i| calls[i]).collect();
-        let (sent, read) = tokio::join!(
+        let votes = futures_util::future::join_all(voted.iter().map(|&i| Upstreams::call(self, calls[i])));
+        let (sent, read, votes) = tokio::join!(
             async {
                 if send_calls.is_empty() {
                     Vec::new()
@@ -48,10 +51,13 @@ impl<N: Node> Pool<N> {
                     self.broadcast(&send_calls).await
                 }
             },
-            self.grouped(&read_calls)
+            self.grouped(&read_calls),
+            votes
         );
         let mut out: Vec<Option<Result<Answer, UpstreamError>>> = (0..calls.len()).map(|_| None).collect();
-        for (i, answer) in sends.into_iter().zip(sent).chain(reads.into_iter().zip(read)) {
+        let answered =
+            sends.into_iter().zip(sent).chain(reads.into_iter().zip(read)).chain(voted.into_iter().zip(votes));
+        for (i, answer) in answered {
             out[i] = Some(answer);
         }
         out.into_iter().map(|a| a.unwrap_or(Err(UpstreamError::NoneAvailable))).collect()
@@ -61,10 +67,8 @@ impl<N: Node> Pool<N> {
     /// round regrouped for the next.
     async fn grouped(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let mut out: Vec<Option<Result<Answer, UpstreamError>>> = (0..calls.len()).map(|_| None).collect();
-        let mut attempts: Vec<Attempts> = calls
-            .iter()
-            .map(|c| Attempts::new(self.order_for(c), self.members.len(), self.config.max_attempts))
-            .collect();
+        let mut attempts: Vec<Attempts> =
+            futures_util::future::join_all(calls.iter().map(|c| self.attempts_for(c))).await;
         let deadline = calls.iter().map(|c| self.deadline(c)).min();
         let mut pending: Vec<usize> = (0..calls.len()).collect();
         while !pending.is_empty() {
@@ -91,7 +95,8 @@ impl<N: Node> Pool<N> {
             for (member, members_calls, outcomes) in results {
                 for (c, outcome) in members_calls.into_iter().zip(outcomes) {
                     self.learn_from(member, calls[c], &outcome);
-                    match attempts[c].record(member, outcome, &calls[c].ctx.needs) {
+                    let suspect = self.suspect(calls[c], &outcome);
+                    match attempts[c].record(member, outcome, &calls[c].ctx.needs, suspect) {
                         Some(answer) => out[c] = Some(answer),
                         None => pending.push(c),
                     }

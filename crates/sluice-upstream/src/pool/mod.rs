@@ -10,7 +10,9 @@
 //! `max_batch` calls, split when a node refuses the size), with failover per element.
 //! `eth_sendRawTransaction` goes to every available member at once.
 //! A prober task reads each member's head every `probe_interval`; it is also the half-open probe
-//! that lets a recovered member back in without client traffic.
+//! that lets a recovered member back in without client traffic. Another learns each member's
+//! lowest blocks ([`range`]); calls go only to members that have the block they need.
+//! Answers pass the [`integrity`] checks; methods under a [`ConsensusRule`] are put to a vote.
 
 mod adaptive;
 mod attempt;
@@ -18,13 +20,18 @@ mod batch;
 mod breaker;
 mod budget;
 mod classify;
+mod consensus;
 mod health;
 mod hedge;
+mod integrity;
 mod live;
 mod order;
 mod probe;
+pub mod range;
+mod range_probe;
 mod state;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -39,13 +46,19 @@ pub use breaker::{Breaker, Circuit};
 pub use budget::{DailyQuota, MethodFilter, RateLimit};
 pub(crate) use classify::TOO_LARGE;
 pub use classify::{is_already_known, is_missing_block, is_rate_limited, judge_error, Verdict};
+pub use consensus::ConsensusRule;
 pub use health::Health;
 pub use hedge::{HedgeAfter, HedgeBudget, Recent};
+pub use integrity::IntegrityConfig;
 pub use live::LivePool;
-pub use order::{order, MemberView, Order};
+pub use order::{order, MemberView, Order, Rules};
+pub use range::{Data, History};
 
 use crate::{Answer, Call, HttpUpstream, Node, UpstreamError, Upstreams};
 use state::State;
+
+/// The longest a head-bound call waits for the first round of head probes after a start.
+const FIRST_HEADS_WAIT: Duration = Duration::from_secs(2);
 
 /// Budgets kept outside this process (in Redis), so that replicas together stay under a
 /// provider's limits.
@@ -86,6 +99,12 @@ pub struct PoolConfig {
     pub budget_wait: Duration,
     /// Members' `rate` and `daily_quota` kept across replicas too (Redis); `None`: per process.
     pub shared_budget: Option<Arc<dyn SharedBudget>>,
+    /// Which integrity checks are on.
+    pub integrity: IntegrityConfig,
+    /// Methods put to a vote of several members.
+    pub consensus: Vec<ConsensusRule>,
+    /// How often each member's lowest blocks are searched for again (a few dozen calls each).
+    pub range_probe_interval: Duration,
 }
 
 impl Default for PoolConfig {
@@ -104,6 +123,9 @@ impl Default for PoolConfig {
             network: "default".to_owned(),
             budget_wait: Duration::from_secs(1),
             shared_budget: None,
+            integrity: IntegrityConfig::default(),
+            consensus: Vec::new(),
+            range_probe_interval: Duration::from_secs(300),
         }
     }
 }
@@ -126,6 +148,8 @@ pub struct MemberConfig<N: Node = HttpUpstream> {
     pub rate: Option<f64>,
     /// Requests per UTC day at most (the provider's quota).
     pub daily_quota: Option<u64>,
+    /// What it keeps of the chain's history, when declared; otherwise learned.
+    pub history: History,
 }
 
 impl<N: Node> MemberConfig<N> {
@@ -140,6 +164,7 @@ impl<N: Node> MemberConfig<N> {
             max_batch: None,
             rate: None,
             daily_quota: None,
+            history: History::Unknown,
         }
     }
 }
@@ -179,18 +204,26 @@ pub struct Pool<N: Node = HttpUpstream> {
     members: Vec<Member<N>>,
     config: PoolConfig,
     hedges: Mutex<HedgeBudget>,
+    /// When heads were last read on demand (a call beyond every known head).
+    refreshed: tokio::sync::Mutex<Option<Instant>>,
+    /// The highest `eth_blockNumber` a client was given: never less after.
+    served_number: AtomicU64,
+    /// True once the prober has read every member's head once (at once without a prober).
+    heads_read: tokio::sync::watch::Sender<bool>,
 }
 
 impl<N: Node> Pool<N> {
     /// Builds the pool and starts its prober.
     pub fn new(members: Vec<MemberConfig<N>>, config: PoolConfig) -> Arc<Self> {
         let pool = Arc::new(Self::without_prober(members, config));
+        pool.heads_read.send_replace(false);
         // Registered at zero, so that dashboards and alerts see the series before the first event.
         for name in [
             "sluice_pool_retries_total",
             "sluice_pool_hedges_total",
             "sluice_pool_hedge_wins_total",
             "sluice_pool_batch_splits_total",
+            "sluice_pool_missing_block_retries_total",
         ] {
             metrics::counter!(name).increment(0);
         }
@@ -200,6 +233,7 @@ impl<N: Node> Pool<N> {
             .increment(0);
         }
         tokio::spawn(probe::run(Arc::downgrade(&pool)));
+        tokio::spawn(range_probe::run(Arc::downgrade(&pool)));
         pool
     }
 
@@ -220,13 +254,21 @@ impl<N: Node> Pool<N> {
                     Breaker::new(config.breaker_threshold, config.breaker_cooldown),
                     m.rate,
                     m.daily_quota,
+                    m.history,
                     Instant::now(),
                     SystemTime::now(),
                 )),
             })
             .collect();
         let hedges = Mutex::new(HedgeBudget::new(config.hedge_max_extra, 10.0));
-        Self { members, config, hedges }
+        Self {
+            members,
+            config,
+            hedges,
+            refreshed: tokio::sync::Mutex::new(None),
+            served_number: AtomicU64::new(0),
+            heads_read: tokio::sync::watch::Sender::new(true),
+        }
     }
 
     /// Records a member's head (and its hash, which it then is known to have).
@@ -261,6 +303,13 @@ impl<N: Node> Pool<N> {
             BlockNeed::Hash { hash, .. } => Some(hash.as_str()),
             _ => None,
         };
+        let data = Data::of(call.method());
+        let integrity = &self.config.integrity;
+        let rules = Rules {
+            max_lag: self.config.max_lag,
+            highest_first: integrity.highest_head,
+            within_heads: integrity.logs_need_head && call.method() == "eth_getLogs",
+        };
         let views: Vec<MemberView> = self
             .members
             .iter()
@@ -270,17 +319,98 @@ impl<N: Node> Pool<N> {
                 MemberView {
                     tier: m.tier,
                     serves: m.filter.allows(call.method()),
-                    circuit_allows: state.breaker.would_allow(now),
+                    circuit_allows: state.breaker.would_allow(now) && !state.cordoned(now),
                     within_budget: budget.within,
                     // At its concurrency limit, or behind its rate's queue: others first.
                     busy: budget.waits || m.slots.as_ref().is_some_and(|s| s.available_permits() == 0),
                     score: state.health.score(m.weight),
                     head: state.health.head,
                     has_hash: hash.is_some_and(|h| state.knows(h)),
+                    lowest: state.availability.lowest(data, state.health.head),
                 }
             })
             .collect();
-        order(&call.ctx.needs, &views, self.config.max_lag)
+        order(&call.ctx.needs, &views, rules)
+    }
+
+    /// The order for `call`, or why no member can be asked: every one has pruned the block it
+    /// needs, or it is beyond every head even after the heads are read again.
+    async fn resolve_order(&self, call: &Call) -> Result<Order, UpstreamError> {
+        if self.config.integrity.highest_head && call.ctx.needs == BlockNeed::Head && !*self.heads_read.borrow() {
+            // Just started: which member is behind is not known yet. Wait (briefly) for the
+            // first probe round rather than let a laggard answer `latest` first.
+            let mut read = self.heads_read.subscribe();
+            let _ = tokio::time::timeout(FIRST_HEADS_WAIT, read.wait_for(|read| *read)).await;
+        }
+        let order = match self.order_for(call) {
+            Order::BeyondHead { .. } => {
+                self.refresh_heads().await;
+                self.order_for(call)
+            }
+            order => order,
+        };
+        match order {
+            Order::NotCovered { lowest } => {
+                Err(UpstreamError::NotCovered { block: call.ctx.needs.lowest().unwrap_or(0), lowest })
+            }
+            Order::BeyondHead { head } => {
+                Err(UpstreamError::BeyondHead { block: call.ctx.needs.highest().unwrap_or(0), head })
+            }
+            order => Ok(order),
+        }
+    }
+
+    /// The failover state of `call`.
+    async fn attempts_for(&self, call: &Call) -> attempt::Attempts {
+        match self.resolve_order(call).await {
+            Ok(order) => attempt::Attempts::new(order, self.members.len(), self.config.max_attempts),
+            Err(why) => attempt::Attempts::refused(why, self.members.len()),
+        }
+    }
+
+    /// Reads every member's head now (a call needs a block beyond every known head: probes lag
+    /// behind a block just mined). Calls that meet here share one round.
+    async fn refresh_heads(&self) {
+        const FRESH: Duration = Duration::from_millis(50);
+        let mut last = self.refreshed.lock().await;
+        if last.is_some_and(|at| at.elapsed() < FRESH) {
+            return;
+        }
+        let probes = (0..self.members.len()).map(|i| probe::probe_one(self, i));
+        futures_util::future::join_all(probes).await;
+        *last = Some(Instant::now());
+    }
+
+    /// What the integrity checks make of `outcome` for `call`.
+    fn suspect(&self, call: &Call, outcome: &Result<Outcome, UpstreamError>) -> Option<integrity::Suspect> {
+        let facts = || integrity::Facts {
+            best_head: self.best_head(),
+            hash_known: match &call.ctx.needs {
+                BlockNeed::Hash { hash, .. } => self.members.iter().any(|m| m.state().knows(hash)),
+                _ => false,
+            },
+        };
+        integrity::suspect(&self.config.integrity, call, outcome, facts)
+    }
+
+    /// `eth_blockNumber` never below what a client was given before, nor below a member's head.
+    fn never_backwards(&self, answer: Answer) -> Answer {
+        let Outcome::Result(raw) = &answer.outcome else { return answer };
+        let Some(given) = raw.get().trim_matches('"').strip_prefix("0x").and_then(|h| u64::from_str_radix(h, 16).ok())
+        else {
+            return answer;
+        };
+        let floor = self.best_head().unwrap_or(0).max(self.served_number.load(Ordering::Relaxed));
+        if given >= floor {
+            self.served_number.fetch_max(given, Ordering::Relaxed);
+            return answer;
+        }
+        metrics::counter!("sluice_pool_integrity_retries_total", "reason" => "block_number").increment(1);
+        self.served_number.fetch_max(floor, Ordering::Relaxed);
+        match sluice_jsonrpc::RawValue::from_string(format!("\"{floor:#x}\"")) {
+            Ok(raw) => Answer { outcome: Outcome::result(raw), source: answer.source },
+            Err(_) => answer,
+        }
     }
 
     /// The deadline for one exchange carrying `method`.
@@ -397,10 +527,27 @@ impl<N: Node> Pool<N> {
         let mut state = self.members[i].state();
         match (outcome, &call.ctx.needs) {
             (Ok(Outcome::Result(_)), BlockNeed::Hash { hash, .. }) => state.learn(hash),
+            (Ok(Outcome::Result(raw)), _) if call.method() == "eth_blockNumber" => {
+                // Its head, as it says itself: no older than what the prober saw.
+                if let Some(n) = sluice_chain::parse_quantity(raw.get().trim_matches('"')) {
+                    state.health.head = Some(state.health.head.map_or(n, |h| h.max(n)));
+                }
+            }
             (Ok(Outcome::Error(e)), needs) if needs.is_specific() && is_missing_block(e) => {
                 state.missing_blocks += 1;
-                metrics::counter!("sluice_pool_missing_block_total", "upstream" => self.members[i].node.name().to_owned())
-                    .increment(1);
+                let name = self.members[i].node.name().to_owned();
+                metrics::counter!("sluice_pool_missing_block_total", "upstream" => name.clone()).increment(1);
+                let data = Data::of(call.method());
+                let head = state.health.head;
+                if let Some(n) = needs.lowest() {
+                    if state.availability.lacks(data, n, head) {
+                        tracing::info!(upstream = %name, block = n, data = data.as_str(),
+                            "upstream lacks an old block: its lower bound is raised");
+                        metrics::counter!("sluice_pool_range_raised_total", "network" => self.config.network.clone(),
+                            "upstream" => name, "data" => data.as_str())
+                        .increment(1);
+                    }
+                }
             }
             _ => {}
         }
@@ -434,6 +581,12 @@ impl<N: Node> Pool<N> {
                     "daily_quota_left": s.quota.as_mut().map(|q| q.left(SystemTime::now())),
                     "missing_blocks": s.missing_blocks,
                     "batch_limit": s.batch_limit,
+                    "lowest_state": s.availability.lowest(Data::State, s.health.head),
+                    "lowest_block": s.availability.lowest(Data::Blocks, s.health.head),
+                    "range_raised": s.availability.raised,
+                    "cordoned": s.cordoned(now),
+                    "cordons": s.cordons,
+                    "dissents": s.dissents,
                 })
             })
             .collect();
@@ -475,7 +628,16 @@ impl<N: Node> Upstreams for Pool<N> {
         if call.method() == "eth_sendRawTransaction" {
             return self.broadcast(&[call]).instrument(span).await.remove(0);
         }
-        self.call_one(call).instrument(span).await
+        let answer = match self.consensus_rule(call.method()) {
+            Some(rule) => self.call_consensus(call, rule).instrument(span).await,
+            None => self.call_one(call).instrument(span).await,
+        };
+        match answer {
+            Ok(answer) if self.config.integrity.highest_head && call.method() == "eth_blockNumber" => {
+                Ok(self.never_backwards(answer))
+            }
+            other => other,
+        }
     }
 
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {

@@ -22,6 +22,22 @@ pub struct MemberView {
     pub head: Option<u64>,
     /// For a call that needs a block hash: whether the member is known to have it.
     pub has_hash: bool,
+    /// Its lowest block with the data the call reads (state or chain data), when known.
+    pub lowest: Option<u64>,
+}
+
+/// The pool's routing rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// A member further behind the best head is not used for head-bound reads.
+    pub max_lag: u64,
+    /// Head-bound reads go to the members at the best head first (integrity: `latest` does not
+    /// go backwards from one call to the next).
+    pub highest_first: bool,
+    /// A call that needs a block beyond every known head is not sent to members whose head is
+    /// below it (an `eth_getLogs` range end: an empty list from there is not evidence):
+    /// [`Order::BeyondHead`].
+    pub within_heads: bool,
 }
 
 /// The members to try, or why there are none.
@@ -31,6 +47,16 @@ pub enum Order {
     Try(Vec<usize>),
     /// Members could serve it, but every one is over its budget.
     OverBudget,
+    /// The call needs a block below every available member's lowest: none has it.
+    NotCovered {
+        /// The lowest block any available member has (of the data the call reads).
+        lowest: u64,
+    },
+    /// With [`Rules::within_heads`]: the call needs a block beyond every member's known head.
+    BeyondHead {
+        /// The best head.
+        head: u64,
+    },
 }
 
 /// Orders the members for a call that needs `needs`:
@@ -42,15 +68,19 @@ pub enum Order {
 ///   When no member's known blocks cover the need, every member may be asked, highest head
 ///   first: probes lag behind the chain, and a node that lacks the block says so (the pool
 ///   then asks another);
+/// * a member whose lowest block is above the lowest one the call needs is never asked (it has
+///   pruned it); when that leaves no member, [`Order::NotCovered`];
 /// * then by tier, coverage, idle before busy, and score.
-pub fn order(needs: &BlockNeed, members: &[MemberView], max_lag: u64) -> Order {
+pub fn order(needs: &BlockNeed, members: &[MemberView], rules: Rules) -> Order {
     let best = members.iter().filter_map(|m| m.head).max();
     // 0: known to have the block, 1: its head covers it, None: not known to.
     let coverage = |m: &MemberView| -> Option<u8> {
         match needs {
             BlockNeed::Any => Some(0),
             BlockNeed::Head => match (best, m.head) {
-                (Some(best), Some(head)) => (best.saturating_sub(head) <= max_lag).then_some(0),
+                (Some(best), Some(head)) if best.saturating_sub(head) > rules.max_lag => None,
+                (Some(best), Some(head)) if rules.highest_first => Some(u8::from(head < best)),
+                (Some(_), None) if rules.highest_first => Some(1),
                 _ => Some(0),
             },
             BlockNeed::Hash { .. } if m.has_hash => Some(0),
@@ -62,9 +92,21 @@ pub fn order(needs: &BlockNeed, members: &[MemberView], max_lag: u64) -> Order {
             },
         }
     };
-    let available = (0..members.len()).filter(|&i| members[i].serves && members[i].circuit_allows);
-    let classed: Vec<(usize, Option<u8>)> = available.map(|i| (i, coverage(&members[i]))).collect();
+    let pruned = |m: &MemberView| matches!((needs.lowest(), m.lowest), (Some(n), Some(l)) if n < l);
+    let available: Vec<usize> =
+        (0..members.len()).filter(|&i| members[i].serves && members[i].circuit_allows).collect();
+    let keeps: Vec<usize> = available.iter().copied().filter(|&i| !pruned(&members[i])).collect();
+    if keeps.is_empty() && !available.is_empty() {
+        let lowest = available.iter().filter_map(|&i| members[i].lowest).min().unwrap_or(0);
+        return Order::NotCovered { lowest };
+    }
+    let classed: Vec<(usize, Option<u8>)> = keeps.into_iter().map(|i| (i, coverage(&members[i]))).collect();
     let fallback = needs.is_specific() && classed.iter().all(|(_, c)| c.is_none());
+    if fallback && rules.within_heads && !classed.is_empty() {
+        if let Some(head) = best {
+            return Order::BeyondHead { head };
+        }
+    }
     let mut over_budget = false;
     let mut ranked: Vec<(u8, u8, bool, u64, f64, usize)> = Vec::with_capacity(classed.len());
     for (i, class) in classed {
@@ -109,14 +151,53 @@ mod tests {
             score,
             head: Some(head),
             has_hash: false,
+            lowest: None,
         }
     }
 
     fn tried(order: Order) -> Vec<usize> {
         match order {
             Order::Try(v) => v,
-            Order::OverBudget => panic!("over budget"),
+            other => panic!("{other:?}"),
         }
+    }
+
+    fn order(needs: &BlockNeed, members: &[MemberView], max_lag: u64) -> Order {
+        super::order(needs, members, Rules { max_lag, highest_first: false, within_heads: false })
+    }
+
+    #[test]
+    fn pruned_members_are_never_asked_for_what_they_dropped() {
+        let mut pruned = member(100, 1.0);
+        pruned.lowest = Some(90);
+        let members = [pruned.clone(), member(100, 9.0)];
+        assert_eq!(tried(order(&BlockNeed::Number(50), &members, 5)), [1]);
+        assert_eq!(tried(order(&BlockNeed::Number(95), &members, 5)), [0, 1], "recent: both");
+        assert_eq!(tried(order(&BlockNeed::Range { from: 80, to: 95 }, &members, 5)), [1]);
+        assert_eq!(tried(order(&BlockNeed::Head, &members, 5)), [0, 1]);
+        let mut also = pruned.clone();
+        also.lowest = Some(70);
+        assert_eq!(order(&BlockNeed::Number(50), &[pruned, also], 5), Order::NotCovered { lowest: 70 });
+        // Beyond every head and below nobody's bound: asked, highest first.
+        assert_eq!(tried(order(&BlockNeed::Number(101), &members, 5)), [0, 1]);
+    }
+
+    #[test]
+    fn with_highest_first_head_reads_go_to_the_best_head_first() {
+        let members = [member(99, 1.0), member(100, 9.0), member(90, 0.1)];
+        let rules = Rules { max_lag: 5, highest_first: true, within_heads: false };
+        assert_eq!(tried(super::order(&BlockNeed::Head, &members, rules)), [1, 0]);
+        assert_eq!(tried(order(&BlockNeed::Head, &members, 5)), [0, 1], "off: by score within the lag");
+    }
+
+    #[test]
+    fn within_heads_a_range_beyond_every_head_goes_nowhere() {
+        let members = [member(99, 1.0), member(100, 9.0)];
+        let rules = Rules { max_lag: 5, highest_first: true, within_heads: true };
+        let logs = |to| BlockNeed::Range { from: 90, to };
+        assert_eq!(super::order(&logs(101), &members, rules), Order::BeyondHead { head: 100 });
+        assert_eq!(tried(super::order(&logs(100), &members, rules)), [1]);
+        assert_eq!(tried(super::order(&logs(99), &members, rules)), [0, 1]);
     }
 
     #[test]

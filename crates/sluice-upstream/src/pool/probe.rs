@@ -21,17 +21,13 @@ pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>) {
         Some(p) => p.config.probe_interval,
         None => return,
     };
-    let request = Request::new(
-        Some(Id::number(1)),
-        "eth_getBlockByNumber",
-        RawValue::from_string(r#"["latest",false]"#.to_owned()).ok(),
-    );
     let mut tick = tokio::time::interval(interval);
     loop {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
-        let probes = (0..pool.members.len()).map(|i| probe_one(&pool, i, &request));
+        let probes = (0..pool.members.len()).map(|i| probe_one(&pool, i));
         futures_util::future::join_all(probes).await;
+        pool.heads_read.send_replace(true);
         publish(&pool);
     }
 }
@@ -77,7 +73,13 @@ fn publish<N: Node>(pool: &Pool<N>) {
     }
 }
 
-async fn probe_one<N: Node>(pool: &Pool<N>, i: usize, request: &Request) {
+/// Reads member `i`'s head (when its circuit and quota allow).
+pub(super) async fn probe_one<N: Node>(pool: &Pool<N>, i: usize) {
+    let request = Request::new(
+        Some(Id::number(1)),
+        "eth_getBlockByNumber",
+        RawValue::from_string(r#"["latest",false]"#.to_owned()).ok(),
+    );
     let member = &pool.members[i];
     // A member with a daily quota is probed only to close its circuit: probes would otherwise
     // spend the provider's quota.
@@ -88,7 +90,7 @@ async fn probe_one<N: Node>(pool: &Pool<N>, i: usize, request: &Request) {
     if !member.state().breaker.allow(Instant::now()) {
         return;
     }
-    let head = match pool.exchange(i, &[request]).await.pop() {
+    let head = match pool.exchange(i, &[&request]).await.pop() {
         Some(Ok(Outcome::Result(raw))) => serde_json::from_str::<Head>(raw.get())
             .ok()
             .and_then(|h| Some((parse_quantity(&h.number)?, h.hash.to_ascii_lowercase()))),

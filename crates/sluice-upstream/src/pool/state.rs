@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::range::{Availability, History};
 use super::{AdaptiveRate, Breaker, DailyQuota, Health, RateLimit, Recent};
 use crate::UpstreamError;
 
@@ -25,6 +26,15 @@ pub(super) struct State {
     pub(super) missing_blocks: u64,
     /// Why its last exchange failed, if it did: what a caller is told while its circuit is open.
     pub(super) last_error: Option<UpstreamError>,
+    /// Its lowest blocks with state and with chain data.
+    pub(super) availability: Availability,
+    /// Answers it gave against a consensus majority, in all and in a row.
+    pub(super) dissents: u64,
+    pub(super) dissent_streak: u32,
+    /// Cordoned for dissent until then: no calls.
+    pub(super) cordoned_until: Option<Instant>,
+    /// Times it was cordoned.
+    pub(super) cordons: u64,
 }
 
 /// Whether a member's budgets allow a call now.
@@ -37,7 +47,14 @@ pub(super) struct BudgetView {
 }
 
 impl State {
-    pub(super) fn new(breaker: Breaker, rate: Option<f64>, quota: Option<u64>, now: Instant, wall: SystemTime) -> Self {
+    pub(super) fn new(
+        breaker: Breaker,
+        rate: Option<f64>,
+        quota: Option<u64>,
+        history: History,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Self {
         Self {
             health: Health::default(),
             breaker,
@@ -49,7 +66,17 @@ impl State {
             batch_limit: None,
             missing_blocks: 0,
             last_error: None,
+            availability: Availability::new(history),
+            dissents: 0,
+            dissent_streak: 0,
+            cordoned_until: None,
+            cordons: 0,
         }
+    }
+
+    /// Cordoned for dissent at `now`.
+    pub(super) fn cordoned(&self, now: Instant) -> bool {
+        self.cordoned_until.is_some_and(|until| now < until)
     }
 
     /// Puts the adaptive rate in force into the limiter. After a cut the burst is a tenth of
