@@ -31,11 +31,14 @@ off="[pool.integrity]
 highest_head = false
 retry_nulls = false
 logs_need_head = false"
+# Pass-through: cache and coalescing off, every call reaches a member.
 serve_toml PASS_ON "[cache]
 enabled = false
+coalesce = false
 $twice"
 serve_toml PASS_OFF "[cache]
 enabled = false
+coalesce = false
 $off
 $twice"
 serve_toml CACHED_ON "$twice"
@@ -49,13 +52,23 @@ lua number '{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
 wrk1() { wrk -t1 -c"$1" -d"$DURATION" --latency -s "$work/$2.lua" "$3/" | grep '^RESULT' | cut -d' ' -f2-; }
 
 row() {  # row LABEL SCRIPT OFF_URL ON_URL: best of ROUNDS alternating runs each, c=64
-  local best_off=0 best_on=0 rps
+  local best_off=0 best_on=0 rps errors
   for _ in $(seq "$ROUNDS"); do
-    read -r rps _ < <(wrk1 64 "$2" "$3"); [ "$rps" -gt "$best_off" ] && best_off=$rps
-    read -r rps _ < <(wrk1 64 "$2" "$4"); [ "$rps" -gt "$best_on" ] && best_on=$rps
+    read -r rps _ _ _ errors < <(wrk1 64 "$2" "$3"); [ "$rps" -gt "$best_off" ] && best_off=$rps
+    [ "$errors" = 0 ] || { echo "errors: $errors" >&2; exit 1; }
+    read -r rps _ _ _ errors < <(wrk1 64 "$2" "$4"); [ "$rps" -gt "$best_on" ] && best_on=$rps
+    [ "$errors" = 0 ] || { echo "errors: $errors" >&2; exit 1; }
   done
   echo "| $1 | $best_off | $best_on | $(python3 -c "print(f'{$best_on/$best_off:.3f}')") |"
 }
+
+# Every answer is a result (not a JSON-RPC error, which wrk would count as a success).
+for u in "$PASS_ON" "$CACHED_ON"; do
+  for body in balance latest number; do
+    b=$(python3 -c "import re; print(re.search(r\"wrk.body = '(.*)'\", open('$work/$body.lua').read()).group(1))")
+    curl -sf "$u" -H 'content-type: application/json' -d "$b" | grep -q '"result"' || { echo "$body: no result" >&2; exit 1; }
+  done
+done
 
 echo "### Integrity checks when every member agrees (c=64, pool of two members on one anvil)"
 echo
@@ -71,10 +84,12 @@ start_anvil; B=$ANVIL_URL
 start_anvil; C=$ANVIL_URL
 serve_toml ONE "[cache]
 enabled = false
+coalesce = false
 [[upstreams]]
 url = \"$A\""
 serve_toml VOTE "[cache]
 enabled = false
+coalesce = false
 [[pool.consensus]]
 methods = [\"eth_getBalance\"]
 ask = 3
@@ -86,6 +101,9 @@ url = \"$B\"
 [[upstreams]]
 url = \"$C\""
 PARAMS='["0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266","0x0"]'
+curl -sf "$VOTE" -H 'content-type: application/json' \
+  -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"eth_getBalance\",\"params\":$PARAMS}" | grep -q '"result"' \
+  || { echo "consensus: no agreement" >&2; exit 1; }
 "$BENCH" bench rpc "$VOTE" -c 10 -d "$DURATION" --method eth_getBalance --params "$PARAMS" --compare "$ONE" --rounds 3 --json > "$work/vote.json"
 before=$(upstream_calls "$VOTE")
 "$BENCH" bench rpc "$VOTE" -c 10 -d "$DURATION" --method eth_getBalance --params "$PARAMS" --json > "$work/vote_calls.json"
@@ -98,6 +116,6 @@ echo "|---|---:|---:|---:|"
 echo "| one member | $(field "$work/vote.json" "round(d['b']['req_per_sec'])") | $(field "$work/vote.json" "d['b']['latency_us']['p50']") | $(field "$work/vote.json" "d['b']['latency_us']['p99']") |"
 echo "| consensus, ask 3, agree 2 | $(field "$work/vote.json" "round(d['a']['req_per_sec'])") | $(field "$work/vote.json" "d['a']['latency_us']['p50']") | $(field "$work/vote.json" "d['a']['latency_us']['p99']") |"
 echo
-echo "Upstream calls per client call under consensus: $(python3 -c "print(f'{($after - $before) / $(field "$work/vote_calls.json" "d['requests']"):.2f}')") (sluice_upstream_calls_total over the client requests of one ${DURATION} run; the head prober's calls included)."
+echo "Upstream calls per client call under consensus: $(python3 -c "print(f'{($after - $before) / $(field "$work/vote_calls.json" "d['requests']"):.2f}')") (sluice_upstream_calls_total over the client requests of one ${DURATION} run, coalescing off; the head prober's calls included; $(field "$work/vote_calls.json" "d['requests'] - d['ok']") client errors)."
 echo
 echo "machine: $(nproc) cores, $(uname -m); wrk -t1 and sluice bench rpc on the same machine as sluice and anvil; $DURATION per run"

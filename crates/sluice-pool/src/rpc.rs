@@ -101,19 +101,41 @@ impl MempoolLayer {
     }
 }
 
+impl MempoolLayer {
+    /// `call`, marked as asking for an object that exists when the pool saw the transaction
+    /// mined: the pool below then does not believe a `null` from one node (integrity).
+    fn with_expectation<'a>(&self, call: &'a Call) -> std::borrow::Cow<'a, Call> {
+        let by_hash = matches!(call.method(), "eth_getTransactionReceipt" | "eth_getTransactionByHash");
+        let mined = by_hash
+            && serde_json::from_str::<(B256,)>(call.req.params_text())
+                .is_ok_and(|(hash,)| self.mempool.saw_mined(&hash));
+        if !mined {
+            return std::borrow::Cow::Borrowed(call);
+        }
+        let mut call = call.clone();
+        call.ctx.expect_found = true;
+        std::borrow::Cow::Owned(call)
+    }
+}
+
 #[async_trait]
 impl Upstreams for MempoolLayer {
     async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
         match self.local(&call.req).await {
             Some(outcome) => Ok(Answer { outcome, source: Source::Local }),
-            None => self.inner.call(call).await,
+            None => self.inner.call(&self.with_expectation(call)).await,
         }
     }
 
     async fn call_batch(&self, reqs: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let locals = futures_util::future::join_all(reqs.iter().map(|r| self.local(&r.req))).await;
-        let forward: Vec<&Call> =
-            reqs.iter().zip(&locals).filter(|(_, local)| local.is_none()).map(|(r, _)| *r).collect();
+        let forward: Vec<std::borrow::Cow<'_, Call>> = reqs
+            .iter()
+            .zip(&locals)
+            .filter(|(_, local)| local.is_none())
+            .map(|(r, _)| self.with_expectation(r))
+            .collect();
+        let forward: Vec<&Call> = forward.iter().map(|c| c.as_ref()).collect();
         let mut forwarded =
             if forward.is_empty() { Vec::new() } else { self.inner.call_batch(&forward).await }.into_iter();
         locals

@@ -279,6 +279,12 @@ impl Mempool {
     }
 
     /// Where a transaction is: pooled (pending or queued), or why it left.
+    /// Whether the pool saw `hash` mined (a receipt for it exists on the canonical chain, unless
+    /// a reorg dropped it since).
+    pub fn saw_mined(&self, hash: &B256) -> bool {
+        matches!(self.core.statuses.get(hash), Some(crate::status::TxStatus::Mined { .. }))
+    }
+
     pub fn status_of(&self, hash: &B256) -> serde_json::Value {
         let snapshot = self.snapshot();
         if let Some(p) = snapshot.by_hash.get(hash) {

@@ -41,11 +41,15 @@ fn counting(to: &Anvil) -> Fault {
 /// sluice in front of `upstreams` with `toml` added to its configuration, cache and mempool off
 /// (every call reaches the pool).
 fn serve(upstreams: &[&str], toml: &str) -> (Sluice, tempfile::NamedTempFile) {
+    serve_with(upstreams, "[mempool]\nenabled = false", toml)
+}
+
+fn serve_with(upstreams: &[&str], mempool: &str, toml: &str) -> (Sluice, tempfile::NamedTempFile) {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     let list: Vec<String> = upstreams.iter().map(|u| format!("[[upstreams]]\nurl = \"{u}\"\n")).collect();
     writeln!(
         file,
-        "listen = \"127.0.0.1:0\"\n[cache]\nenabled = false\n[mempool]\nenabled = false\n[pool]\nprobe_interval = \"100ms\"\nhedge = \"off\"\n{toml}\n{}",
+        "listen = \"127.0.0.1:0\"\n[cache]\nenabled = false\n{mempool}\n[pool]\nprobe_interval = \"100ms\"\nhedge = \"off\"\n{toml}\n{}",
         list.join("\n")
     )
     .unwrap();
@@ -199,6 +203,53 @@ async fn clients_never_see_the_nulls_of_a_member_that_lacks_blocks_it_should_hav
     // A block beyond every head is still null (it does not exist yet), and said so at once.
     let future = rpc(&client, &url, "eth_getBlockByNumber", json!(["0x64", false])).await;
     assert_eq!(future["result"], Value::Null, "{future}");
+}
+
+/// Receipts the lying relay nulled.
+static NULLED_RECEIPTS: AtomicUsize = AtomicUsize::new(0);
+
+/// A node that answers `null` for every receipt.
+fn null_receipts(req: &Value, answer: &mut Value) {
+    if req["method"] == "eth_getTransactionReceipt" && answer["result"].is_object() {
+        answer["result"] = Value::Null;
+        NULLED_RECEIPTS.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_of_a_transaction_the_mempool_saw_mined_is_never_null() {
+    use sluice_bench::txgen::{Fees, Wallet};
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn();
+    // One node reached twice: directly, and through a relay that hides every receipt.
+    let liar = FakeUpstream::spawn(Fault::Alter { to: anvil.http_url(), alter: null_receipts }).await;
+    let journal = tempfile::tempdir().unwrap();
+    let mempool = format!("[mempool]\njournal = \"{}\"", journal.path().join("j").display());
+    let (sluice, _config) = serve_with(&[&liar.url, &anvil.http_url()], &mempool, "");
+    let url = sluice.http_url();
+    let wallet = Wallet::from_hex(common::DEV_KEY, 31337).unwrap();
+    let to: alloy_primitives::Address = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".parse().unwrap();
+    let mut hashes = Vec::new();
+    for nonce in 0..20 {
+        let tx = wallet.transfer(nonce, to, 1, Fees::default());
+        rpc_result(&client, &url, "eth_sendRawTransaction", json!([tx.hex()])).await;
+        hashes.push(format!("{}", tx.hash));
+    }
+    for hash in &hashes {
+        common::eventually(Duration::from_secs(20), "the mempool sees it mined", || async {
+            let status = rpc_result(&client, &url, "sluice_getTransactionStatus", json!([hash])).await;
+            status["status"] == "mined"
+        })
+        .await;
+        for _ in 0..3 {
+            let receipt = rpc(&client, &url, "eth_getTransactionReceipt", json!([hash])).await;
+            assert!(receipt["result"].is_object(), "{hash}: {receipt}");
+        }
+    }
+    assert!(NULLED_RECEIPTS.load(Ordering::SeqCst) > 0, "the liar was asked");
+    // A hash nobody has seen: null, as the nodes say, without a retry storm.
+    let unknown = rpc(&client, &url, "eth_getTransactionReceipt", json!([format!("0x{}", "12".repeat(32))])).await;
+    assert_eq!(unknown["result"], Value::Null, "{unknown}");
 }
 
 /// `eth_getBalance` answers 1 wei more, `eth_call` answers `0x01`.
