@@ -10,3 +10,4 @@ pub mod reload;
 pub mod report;
 pub mod serve;
 pub mod stack;
+mod upstream_config;

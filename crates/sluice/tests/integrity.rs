@@ -44,9 +44,16 @@ fn serve(upstreams: &[&str], toml: &str) -> (Sluice, tempfile::NamedTempFile) {
     serve_with(upstreams, "[mempool]\nenabled = false", toml)
 }
 
+/// `upstreams`: each a URL, optionally followed by lines of its own settings.
 fn serve_with(upstreams: &[&str], mempool: &str, toml: &str) -> (Sluice, tempfile::NamedTempFile) {
     let mut file = tempfile::NamedTempFile::new().unwrap();
-    let list: Vec<String> = upstreams.iter().map(|u| format!("[[upstreams]]\nurl = \"{u}\"\n")).collect();
+    let list: Vec<String> = upstreams
+        .iter()
+        .map(|u| {
+            let (url, own) = u.split_once('\n').unwrap_or((u, ""));
+            format!("[[upstreams]]\nurl = \"{url}\"\n{own}\n")
+        })
+        .collect();
     writeln!(
         file,
         "listen = \"127.0.0.1:0\"\n[cache]\nenabled = false\n{mempool}\n[pool]\nprobe_interval = \"100ms\"\nhedge = \"off\"\n{toml}\n{}",
@@ -225,7 +232,9 @@ async fn a_receipt_of_a_transaction_the_mempool_saw_mined_is_never_null() {
     let liar = FakeUpstream::spawn(Fault::Alter { to: anvil.http_url(), alter: null_receipts }).await;
     let journal = tempfile::tempdir().unwrap();
     let mempool = format!("[mempool]\njournal = \"{}\"", journal.path().join("j").display());
-    let (sluice, _config) = serve_with(&[&liar.url, &anvil.http_url()], &mempool, "");
+    // The liar weighs most: it is asked first, the honest node after its null.
+    let liar_entry = format!("{}\nweight = 1000", liar.url);
+    let (sluice, _config) = serve_with(&[&liar_entry, &anvil.http_url()], &mempool, "");
     let url = sluice.http_url();
     let wallet = Wallet::from_hex(common::DEV_KEY, 31337).unwrap();
     let to: alloy_primitives::Address = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".parse().unwrap();

@@ -102,7 +102,9 @@ pub fn order(needs: &BlockNeed, members: &[MemberView], rules: Rules) -> Order {
     }
     let classed: Vec<(usize, Option<u8>)> = keeps.into_iter().map(|i| (i, coverage(&members[i]))).collect();
     let fallback = needs.is_specific() && classed.iter().all(|(_, c)| c.is_none());
-    if fallback && rules.within_heads && !classed.is_empty() {
+    // Only for a need with a height: a member lacking a block hash says so (it does not answer
+    // an empty list for it).
+    if fallback && rules.within_heads && needs.highest().is_some() && !classed.is_empty() {
         if let Some(head) = best {
             return Order::BeyondHead { head };
         }
@@ -198,6 +200,8 @@ mod tests {
         assert_eq!(super::order(&logs(101), &members, rules), Order::BeyondHead { head: 100 });
         assert_eq!(tried(super::order(&logs(100), &members, rules)), [1]);
         assert_eq!(tried(super::order(&logs(99), &members, rules)), [0, 1]);
+        let by_hash = BlockNeed::Hash { hash: "0xab".into(), number: None };
+        assert_eq!(tried(super::order(&by_hash, &members, rules)), [1, 0], "a hash: asked, highest first");
     }
 
     #[test]
