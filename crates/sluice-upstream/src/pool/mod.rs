@@ -323,7 +323,7 @@ impl<N: Node> Pool<N> {
                     within_budget: budget.within,
                     // At its concurrency limit, or behind its rate's queue: others first.
                     busy: budget.waits || m.slots.as_ref().is_some_and(|s| s.available_permits() == 0),
-                    score: state.health.score(m.weight),
+                    score: state.score(m.weight),
                     head: state.health.head,
                     has_hash: hash.is_some_and(|h| state.knows(h)),
                     lowest: state.availability.lowest(data, state.health.head),
@@ -572,7 +572,7 @@ impl<N: Node> Pool<N> {
                     "in_flight": s.health.in_flight,
                     "head": s.health.head,
                     "lag": s.health.lag(best),
-                    "score": s.health.score(m.weight).round(),
+                    "score": s.score(m.weight).round(),
                     "rate_left": s.rate.as_mut().map(|r| r.left(now)),
                     "rate": s.rate.as_ref().map(|r| (r.rate() * 10.0).round() / 10.0),
                     "rate_cut": s.adaptive.is_cut(),

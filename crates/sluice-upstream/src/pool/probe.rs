@@ -7,7 +7,7 @@ use std::time::Instant;
 use sluice_chain::parse_quantity;
 use sluice_jsonrpc::{Id, Outcome, RawValue, Request};
 
-use super::{Circuit, Node, Pool};
+use super::{Circuit, Data, Node, Pool};
 
 /// The head as a probe reads it.
 #[derive(serde::Deserialize)]
@@ -48,7 +48,14 @@ fn publish<N: Node>(pool: &Pool<N>) {
         if let Some(lag) = s.health.lag(best) {
             metrics::gauge!("sluice_upstream_lag_blocks", &labels).set(lag as f64);
         }
-        metrics::gauge!("sluice_upstream_score", &labels).set(s.health.score(m.weight));
+        metrics::gauge!("sluice_upstream_score", &labels).set(s.score(m.weight));
+        for data in [Data::State, Data::Blocks] {
+            if let Some(lowest) = s.availability.lowest(data, s.health.head) {
+                metrics::gauge!("sluice_upstream_lowest_block", "network" => labels[0].1.clone(),
+                    "upstream" => labels[1].1.clone(), "data" => data.as_str())
+                .set(lowest as f64);
+            }
+        }
         metrics::gauge!("sluice_upstream_error_rate", &labels).set(s.health.error_rate);
         metrics::gauge!("sluice_upstream_in_flight", &labels).set(s.health.in_flight as f64);
         if let Some(rate) = s.rate.as_ref().map(|r| r.rate()) {

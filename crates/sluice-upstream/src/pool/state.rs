@@ -74,6 +74,12 @@ impl State {
         }
     }
 
+    /// Its score (lower is better): health's, times (1 + its consensus dissents in a row), so a
+    /// member that starts to disagree is asked last well before it is cordoned.
+    pub(super) fn score(&self, weight: u32) -> f64 {
+        self.health.score(weight) * f64::from(1 + self.dissent_streak.min(16))
+    }
+
     /// Cordoned for dissent at `now`.
     pub(super) fn cordoned(&self, now: Instant) -> bool {
         self.cordoned_until.is_some_and(|until| now < until)
@@ -143,5 +149,25 @@ impl State {
             }
             self.known_hashes.push_back(hash.to_owned());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dissent_in_a_row_scores_a_member_down_and_agreement_restores_it() {
+        let now = Instant::now();
+        let mut state =
+            State::new(Breaker::new(5, Duration::from_secs(5)), None, None, History::Unknown, now, SystemTime::now());
+        let fair = state.score(1);
+        state.dissent_streak = 2;
+        assert_eq!(state.score(1), 3.0 * fair);
+        state.dissent_streak = 0;
+        assert_eq!(state.score(1), fair);
+        assert!(!state.cordoned(now));
+        state.cordoned_until = Some(now + Duration::from_secs(1));
+        assert!(state.cordoned(now) && !state.cordoned(now + Duration::from_secs(2)));
     }
 }
