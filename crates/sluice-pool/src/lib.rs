@@ -32,6 +32,6 @@ pub use config::MempoolConfig;
 pub use decode::{decode, DecodeError, Rules};
 pub use pool::{Config, InsertError, Inserted, Pool, PoolTx, Status};
 pub use rpc::MempoolLayer;
-pub use seams::{Origin, PoolView, SubmitError, TxIntake};
+pub use seams::{Origin, PoolView, SubmitError, TxIntake, TxpoolMethod};
 pub use service::Mempool;
 pub use view::{Pooled, Snapshot};

@@ -18,7 +18,7 @@ use serde_json::Value;
 use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
 use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 
-use crate::seams::{Origin, PoolView, SubmitError, TxIntake};
+use crate::seams::{Origin, PoolView, SubmitError, TxIntake, TxpoolMethod};
 use crate::service::Mempool;
 use crate::view::quantity;
 
@@ -56,7 +56,6 @@ impl MempoolLayer {
             Some(Ok(Value::Array(params))) => params,
             Some(_) => return Some(invalid_params("params must be an array")),
         };
-        let snapshot = self.mempool.snapshot();
         let result = match method {
             "eth_sendRawTransaction" => {
                 let raw = match params.first().and_then(Value::as_str).map(parse_hex) {
@@ -70,20 +69,20 @@ impl MempoolLayer {
             }
             "eth_getTransactionByHash" => {
                 let hash: B256 = parse(params.first())?;
-                return snapshot.by_hash.get(&hash)?.to_rpc_raw().map(Outcome::result);
+                return self.mempool.get(&hash)?.to_rpc_raw().map(Outcome::result);
             }
             "eth_getTransactionCount" => {
                 if params.get(1).and_then(Value::as_str) != Some("pending") {
                     return None;
                 }
                 let sender: Address = parse(params.first())?;
-                Value::String(quantity(snapshot.senders.get(&sender)?.pending_nonce))
+                Value::String(quantity(self.mempool.pending_nonce(&sender)?))
             }
-            "txpool_status" => snapshot.status_json(),
-            "txpool_content" => snapshot.content_json(false),
-            "txpool_inspect" => snapshot.content_json(true),
+            "txpool_status" => self.mempool.txpool(TxpoolMethod::Status),
+            "txpool_content" => self.mempool.txpool(TxpoolMethod::Content { summaries: false }),
+            "txpool_inspect" => self.mempool.txpool(TxpoolMethod::Content { summaries: true }),
             "txpool_contentFrom" => match params.first().map(|v| serde_json::from_value::<Address>(v.clone())) {
-                Some(Ok(sender)) => snapshot.content_from_json(&sender),
+                Some(Ok(sender)) => self.mempool.txpool(TxpoolMethod::ContentFrom(&sender)),
                 _ => return Some(invalid_params("expected an address")),
             },
             "sluice_getTransactionStatus" => match params.first().map(|v| serde_json::from_value::<B256>(v.clone())) {

@@ -76,4 +76,48 @@ pub trait PoolView: Send + std::marker::Sync + 'static {
     fn pending_nonce(&self, sender: &Address) -> Option<u64> {
         self.snapshot().senders.get(sender).map(|v| v.pending_nonce)
     }
+
+    /// How many transactions are pending (executable) and queued (gapped).
+    fn counts(&self) -> (usize, usize) {
+        let status = self.snapshot().status;
+        (status.pending, status.queued)
+    }
+
+    /// `txpool_status`, `txpool_content` / `txpool_inspect` (`summaries`) and
+    /// `txpool_contentFrom`, in geth's formats.
+    fn txpool(&self, method: TxpoolMethod<'_>) -> serde_json::Value {
+        let snapshot = self.snapshot();
+        match method {
+            TxpoolMethod::Status => snapshot.status_json(),
+            TxpoolMethod::Content { summaries } => snapshot.content_json(summaries),
+            TxpoolMethod::ContentFrom(sender) => snapshot.content_from_json(sender),
+        }
+    }
+
+    /// Every pooled transaction's hash and raw bytes: pending then queued, each sender's in
+    /// nonce order, so that another pool can take them as they come.
+    fn raw_transactions(&self) -> Vec<(B256, Bytes)> {
+        let snapshot = self.snapshot();
+        let mut txs = Vec::with_capacity(snapshot.by_hash.len());
+        for view in snapshot.senders.values() {
+            for pooled in view.pending.iter().chain(view.queued.iter()) {
+                txs.push((pooled.tx.hash, pooled.raw.clone()));
+            }
+        }
+        txs
+    }
+}
+
+/// A `txpool_*` read (see [`PoolView::txpool`]).
+#[derive(Debug, Clone, Copy)]
+pub enum TxpoolMethod<'a> {
+    /// `txpool_status`.
+    Status,
+    /// `txpool_content`, or `txpool_inspect` with `summaries`.
+    Content {
+        /// One-line summaries instead of full transactions.
+        summaries: bool,
+    },
+    /// `txpool_contentFrom(sender)`.
+    ContentFrom(&'a Address),
 }

@@ -144,8 +144,8 @@ impl Stack {
             status.add(
                 "mempool",
                 Arc::new(move || {
-                    let snapshot = counts.snapshot();
-                    serde_json::json!({ "pending": snapshot.status.pending, "queued": snapshot.status.queued })
+                    let (pending, queued) = counts.counts();
+                    serde_json::json!({ "pending": pending, "queued": queued })
                 }),
             );
             mempool = Some(pool);
