@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{call, BIN, DEV_ACCOUNT};
+use common::{call, status, BIN, DEV_ACCOUNT};
 use serde_json::{json, Value};
 use sluice_testkit::{post, rpc_result, Anvil, FakeUpstream, Fault, Sluice};
 
@@ -56,10 +56,6 @@ async fn served_by(client: &reqwest::Client, url: &str, body: &str) -> String {
     let response =
         client.post(url).header("content-type", "application/json").body(body.to_owned()).send().await.unwrap();
     response.headers().get("x-sluice-served-by").map(|v| v.to_str().unwrap_or_default().to_owned()).unwrap_or_default()
-}
-
-async fn status(client: &reqwest::Client, sluice: &Sluice) -> Value {
-    client.get(format!("{}/status", sluice.http_url())).send().await.unwrap().json().await.unwrap()
 }
 
 // Relays run on the test's runtime while sluice calls them: give them threads of their own.

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{call, BIN, DEV_ACCOUNT};
+use common::{call, status, wait_status, BIN, DEV_ACCOUNT};
 use serde_json::{json, Value};
 use sluice_testkit::{post, rpc, rpc_result, Anvil, FakeUpstream, Fault, Sluice};
 
@@ -62,22 +62,6 @@ fn serve_with(upstreams: &[&str], mempool: &str, toml: &str) -> (Sluice, tempfil
     .unwrap();
     let sluice = Sluice::spawn(BIN, &["serve", "--config", file.path().to_str().unwrap()]);
     (sluice, file)
-}
-
-async fn status(client: &reqwest::Client, sluice: &Sluice) -> Value {
-    client.get(format!("{}/status", sluice.http_url())).send().await.unwrap().json().await.unwrap()
-}
-
-async fn wait_status(client: &reqwest::Client, sluice: &Sluice, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = status(client, sluice).await;
-        if ok(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{what}: {s}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn balance_at(block: u64) -> String {

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{call, BIN, DEV_ACCOUNT, DEV_KEY};
+use common::{call, status, wait_status, BIN, DEV_ACCOUNT, DEV_KEY};
 use serde_json::{json, Value};
 use sluice_testkit::{foundry_tool, post, rpc_result, Anvil, FakeUpstream, Fault, Sluice};
 
@@ -25,22 +25,6 @@ fn pool(upstreams: &[&str], extra_env: &[(&str, &str)]) -> Sluice {
     ];
     env.extend_from_slice(extra_env);
     Sluice::spawn_env(BIN, &args, &env)
-}
-
-async fn status(client: &reqwest::Client, sluice: &Sluice) -> Value {
-    client.get(format!("{}/status", sluice.http_url())).send().await.unwrap().json().await.unwrap()
-}
-
-async fn wait_status(client: &reqwest::Client, sluice: &Sluice, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = status(client, sluice).await;
-        if ok(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{what}: {s}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn relay(to: &Anvil) -> Fault {

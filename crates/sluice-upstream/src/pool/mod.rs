@@ -396,10 +396,7 @@ impl<N: Node> Pool<N> {
     /// `eth_blockNumber` never below what a client was given before, nor below a member's head.
     fn never_backwards(&self, answer: Answer) -> Answer {
         let Outcome::Result(raw) = &answer.outcome else { return answer };
-        let Some(given) = raw.get().trim_matches('"').strip_prefix("0x").and_then(|h| u64::from_str_radix(h, 16).ok())
-        else {
-            return answer;
-        };
+        let Some(given) = sluice_chain::parse_quantity(raw.get().trim_matches('"')) else { return answer };
         let floor = self.best_head().unwrap_or(0).max(self.served_number.load(Ordering::Relaxed));
         if given >= floor {
             self.served_number.fetch_max(given, Ordering::Relaxed);

@@ -225,3 +225,21 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// sluice's `/status` as JSON.
+pub async fn status(client: &reqwest::Client, sluice: &Sluice) -> Value {
+    client.get(format!("{}/status", sluice.http_url())).send().await.unwrap().json().await.unwrap()
+}
+
+/// `/status` once `ok` holds for it (within 20 s, or the test fails naming `what`).
+pub async fn wait_status(client: &reqwest::Client, sluice: &Sluice, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let s = status(client, sluice).await;
+        if ok(&s) {
+            return s;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {s}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
