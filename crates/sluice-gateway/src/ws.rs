@@ -251,9 +251,10 @@ impl Session {
             return ErrorObject::new(codes::INVALID_PARAMS, "expected [subscription kind, ...]").into();
         };
         let network = self.network();
-        let local = serde_json::from_str::<Vec<serde_json::Value>>(params.get())
-            .ok()
-            .and_then(|p| network.local_feeds.as_ref()?.subscribe(&p));
+        let local = match (serde_json::from_str::<Vec<serde_json::Value>>(params.get()), &network.local_feeds) {
+            (Ok(p), Some(feeds)) => feeds.subscribe(&p).await,
+            _ => None,
+        };
         let stream = match (local, network.relay.clone()) {
             (Some(stream), _) => stream,
             (None, Some(relay)) => match relay.subscribe(params).await {

@@ -32,13 +32,18 @@ use crate::{broadcast_stream, FeedStream, LocalFeeds, SubscriptionsConfig};
 const RETRY: Duration = Duration::from_millis(250);
 /// Most blocks sent in one step (a long outage is caught up step by step).
 const MAX_STEP: usize = 64;
+/// How long the first subscription waits for the head feed's first head (just after a start),
+/// so that it starts after the head current then. Past it (every upstream down), the first
+/// head learned is sent.
+const FIRST_HEAD_WAIT: Duration = Duration::from_secs(10);
 
 /// Serves `newHeads` and `logs` for one network.
 pub struct Hub {
     shared: Arc<Shared>,
     /// Starts the follower (and, through `view`, the head feed) on the first subscription, so
     /// that a sluice nobody subscribes to makes no calls for it (a metered provider's quota).
-    start: Mutex<Option<Start>>,
+    /// An async lock: subscriptions made while the first one waits for a head wait with it.
+    start: tokio::sync::Mutex<Option<Start>>,
 }
 
 struct Start {
@@ -94,17 +99,25 @@ impl Hub {
             sent: Emitted::new(config.reorg_window, MAX_STEP),
             metrics: Counters::new(network),
         };
-        Arc::new(Hub { shared, start: Mutex::new(Some(Start { follower, view: Box::new(view) })) })
+        Arc::new(Hub { shared, start: tokio::sync::Mutex::new(Some(Start { follower, view: Box::new(view) })) })
     }
 
-    fn started(&self) {
-        let start = self.start.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(Start { mut follower, view }) = start {
-            let view = view();
-            // The head known as the first client subscribes is where subscribers start: only
-            // blocks after it are sent (as a node's own subscription does). Read here, not in the
-            // task, so that a block mined before the task first runs is not taken for it. When
-            // no head is known yet (the head feed starts now), the first head learned is sent.
+    /// Starts the follower on the first subscription, before that client gets its answer.
+    async fn started(&self) {
+        let mut start = self.start.lock().await;
+        if let Some(Start { mut follower, view }) = start.take() {
+            let mut view = view();
+            // The head current as the first client subscribes is where subscribers start: only
+            // blocks after it are sent (as a node's own subscription does). Settled here, before
+            // the client is answered, so that a block it mines next is never taken for it. Just
+            // after a start the head feed may not have read a head yet: wait for it, briefly.
+            let known = tokio::time::timeout(FIRST_HEAD_WAIT, view.wait_for(|v| v.latest().is_some()))
+                .await
+                .map(|seen| seen.is_ok())
+                .unwrap_or(false);
+            if !known {
+                tracing::warn!("no head known yet: subscribers get the first head learned");
+            }
             if let Some((number, hash)) = view.borrow().latest() {
                 follower.sent.record(number, hash.to_owned(), None);
             }
@@ -112,19 +125,19 @@ impl Hub {
         }
     }
 
-    fn subscribe_heads(&self) -> FeedStream {
+    async fn subscribe_heads(&self) -> FeedStream {
         let stream = broadcast_stream(self.shared.heads.subscribe(), None, ());
-        self.started();
+        self.started().await;
         stream
     }
 
-    fn subscribe_logs(&self, filter: LogFilter) -> FeedStream {
+    async fn subscribe_logs(&self, filter: LogFilter) -> FeedStream {
         let stream = {
             let mut groups = self.shared.groups.lock().unwrap_or_else(|e| e.into_inner());
             let tx = groups.entry(filter).or_insert_with(|| broadcast::channel(self.shared.buffer).0);
             broadcast_stream(tx.subscribe(), None, ())
         };
-        self.started();
+        self.started().await;
         stream
     }
 }
@@ -138,11 +151,12 @@ impl Shared {
     }
 }
 
+#[async_trait::async_trait]
 impl LocalFeeds for Hub {
-    fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream> {
+    async fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream> {
         match (params.first()?.as_str()?, params.len()) {
-            ("newHeads", 1) => Some(self.subscribe_heads()),
-            ("logs", 1 | 2) => Some(self.subscribe_logs(LogFilter::parse(params.get(1))?)),
+            ("newHeads", 1) => Some(self.subscribe_heads().await),
+            ("logs", 1 | 2) => Some(self.subscribe_logs(LogFilter::parse(params.get(1))?).await),
             _ => None,
         }
     }
@@ -371,7 +385,32 @@ mod tests {
         let (tx, rx) = watch::channel(Arc::new(tracker.view()));
         let config = SubscriptionsConfig::default();
         let hub = Hub::new(Arc::new(Blocks), move || rx, &config, "test");
-        let mut heads = hub.subscribe(&[serde_json::json!("newHeads")]).unwrap();
+        let mut heads = hub.subscribe(&[serde_json::json!("newHeads")]).await.unwrap();
+        tracker.feed(header(1));
+        tx.send_replace(Arc::new(tracker.view()));
+        let first = tokio::time::timeout(Duration::from_secs(5), heads.next()).await.expect("a head").unwrap();
+        let FeedItem::Event(block) = first else { panic!("closed") };
+        assert!(block.get().contains(r#""number":"0x1""#), "{}", block.get());
+    }
+
+    // Just after a start no head is known: the first subscription is answered only once the
+    // head feed read one, and that head (current as the client was answered) is not sent.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_first_subscription_waits_for_a_head_and_starts_after_it() {
+        let tracker = HeadTracker::new(16);
+        let (tx, rx) = watch::channel(Arc::new(tracker.view()));
+        let config = SubscriptionsConfig::default();
+        let hub = Hub::new(Arc::new(Blocks), move || rx, &config, "test");
+        let waiting = tokio::spawn({
+            let hub = hub.clone();
+            async move { hub.subscribe(&[serde_json::json!("newHeads")]).await.unwrap() }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "answered before any head was known");
+        let mut tracker = tracker;
+        tracker.feed(header(0));
+        tx.send_replace(Arc::new(tracker.view()));
+        let mut heads = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered").unwrap();
         tracker.feed(header(1));
         tx.send_replace(Arc::new(tracker.view()));
         let first = tokio::time::timeout(Duration::from_secs(5), heads.next()).await.expect("a head").unwrap();

@@ -40,19 +40,27 @@ pub enum FeedItem {
 pub type FeedStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = FeedItem> + Send + Sync + 'static>>;
 
 /// Subscriptions served without a per-client upstream socket.
+#[async_trait::async_trait]
 pub trait LocalFeeds: Send + Sync + 'static {
     /// The notifications for these `eth_subscribe` params, or `None` when this feed does not
-    /// serve them.
-    fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream>;
+    /// serve them. Async so that a feed can settle where its stream starts before the client
+    /// is told its subscription id (every event after that answer is the client's).
+    async fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream>;
 }
 
 /// Several feeds: the first that serves the params wins.
 #[derive(Default, Clone)]
 pub struct FeedSet(pub Vec<Arc<dyn LocalFeeds>>);
 
+#[async_trait::async_trait]
 impl LocalFeeds for FeedSet {
-    fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream> {
-        self.0.iter().find_map(|feed| feed.subscribe(params))
+    async fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream> {
+        for feed in &self.0 {
+            if let Some(stream) = feed.subscribe(params).await {
+                return Some(stream);
+            }
+        }
+        None
     }
 }
 

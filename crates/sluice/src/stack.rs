@@ -302,8 +302,9 @@ fn start_ingress(net: &NetworkConfig, settings: &IngressConfig, mempool: Arc<Mem
 /// transactions when asked, as they become executable.
 struct PendingTransactions(Arc<Mempool>);
 
+#[async_trait::async_trait]
 impl LocalFeeds for PendingTransactions {
-    fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream> {
+    async fn subscribe(&self, params: &[serde_json::Value]) -> Option<FeedStream> {
         if params.first()?.as_str()? != "newPendingTransactions" {
             return None;
         }

@@ -191,10 +191,25 @@ async fn a_thousand_clients_share_one_upstream_subscription() {
         settled(Duration::from_secs(20), Duration::from_secs(1), || reference.count(&reference_sub)).await;
     assert!(expected_logs >= 5, "the reference subscription saw {expected_logs} logs");
     let mined: Vec<u64> = (first + 1..=first + 5).collect();
-    wait_until("every client got every head and log", Duration::from_secs(60), || {
-        clients.iter().all(|(h, l, c)| c.count(h) >= 5 && c.count(l) >= expected_logs)
-    })
-    .await;
+    let short = || {
+        let heads = clients.iter().filter(|(h, _, c)| c.count(h) < 5).count();
+        let logs = clients.iter().filter(|(_, l, c)| c.count(l) < expected_logs).count();
+        let closed = clients.iter().filter(|(_, _, c)| c.closed().is_some()).count();
+        (heads, logs, closed)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while short() != (0, 0, 0) {
+        let (heads, logs, closed) = short();
+        let sample = clients.iter().find(|(h, l, c)| c.count(h) < 5 || c.count(l) < expected_logs);
+        assert!(
+            Instant::now() < deadline,
+            "within 60 s: {heads} clients short of 5 heads, {logs} short of {expected_logs} logs, {closed} closed; \
+             one of them has heads {:?} and {} logs",
+            sample.map(|(h, _, c)| numbers(&c.of(h))),
+            sample.map_or(0, |(_, l, c)| c.count(l)),
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let want = reference.of(&reference_sub);
     for (i, (heads, logs, c)) in clients.iter().enumerate() {
         assert_eq!(numbers(&c.of(heads)), mined, "client {i}: heads");
