@@ -5,13 +5,14 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::stats::{ratio, Summary};
+use crate::stats::{ratio, sustained, Summary};
 
-/// One measured case: the same load against the node directly and through sluice.
+/// One measured case: the same load against a reference (the node directly, or a bare
+/// baseline) and through sluice.
 pub struct Row {
     /// What varies in this row (e.g. `c=64`).
     pub case: String,
-    /// Against the node directly.
+    /// Against the reference.
     pub direct: Summary,
     /// Through sluice.
     pub sluice: Summary,
@@ -25,6 +26,8 @@ pub struct Section {
     pub note: String,
     /// The `sluice bench rpc` command for one row, with placeholders named.
     pub command: String,
+    /// What sluice is compared with (`anvil`, `bare forwarder`, …): the table's first columns.
+    pub reference: String,
     /// The rows.
     pub rows: Vec<Row>,
 }
@@ -32,14 +35,19 @@ pub struct Section {
 /// The Markdown for one section.
 pub fn section_markdown(s: &Section) -> String {
     let mut out = format!("## {}\n\n{}\n\nCommand (one row): `{}`\n\n", s.title, s.note, s.command);
-    out.push_str("| case | direct req/s | sluice req/s | ratio | direct p50 / p90 / p99 µs | sluice p50 / p90 / p99 µs | errors direct / sluice | generator saturated |\n");
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---|\n");
+    let r = &s.reference;
+    let _ = writeln!(
+        out,
+        "| case | {r} req/s | sluice req/s | ratio | {r} p50 / p90 / p99 µs | sluice p50 / p90 / p99 µs | errors {r} / sluice | generator CPU cores, {r} / sluice | generator saturated |"
+    );
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    let cores = |s: &Summary| s.generator.cpu_cores.map_or("-".to_owned(), |c| format!("{c:.2}"));
     for r in &s.rows {
         let (d, v) = (&r.direct.latency_us, &r.sluice.latency_us);
         let saturated = r.direct.generator.saturated || r.sluice.generator.saturated;
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {:.0} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} |",
+            "| {} | {:.0} | {:.0} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} / {} | {} |",
             r.case,
             r.direct.req_per_sec,
             r.sluice.req_per_sec,
@@ -52,10 +60,42 @@ pub fn section_markdown(s: &Section) -> String {
             v.p99,
             r.direct.requests - r.direct.ok,
             r.sluice.requests - r.sluice.ok,
+            cores(&r.direct),
+            cores(&r.sluice),
             if saturated { "yes" } else { "no" }
         );
     }
     out.push('\n');
+    out
+}
+
+/// The ramp's table: for each target the highest rate it sustained before its first second
+/// with a failure or a p99 over `p99_bound_us`, and the ratio of the two.
+pub fn ramp_markdown(row: &Row, p99_bound_us: u64) -> String {
+    let (d, v) = (sustained(&row.direct.series, p99_bound_us), sustained(&row.sluice.series, p99_bound_us));
+    let limit = |s: &crate::stats::Sustained| match &s.limit {
+        Some((second, why)) => format!("second {second}: {why}"),
+        None => "none: the ramp ended first".to_owned(),
+    };
+    let mut out = String::from(
+        "| target | highest sustained ok/s | limit reached | ok / requests in the run | generator CPU cores |\n|---|---:|---|---:|---:|\n",
+    );
+    for (name, s, summary) in [("anvil", &d, &row.direct), ("sluice", &v, &row.sluice)] {
+        let cores = summary.generator.cpu_cores.map_or("-".to_owned(), |c| format!("{c:.2}"));
+        let _ =
+            writeln!(out, "| {name} | {} | {} | {} / {} | {cores} |", s.rate, limit(s), summary.ok, summary.requests);
+    }
+    let _ = writeln!(
+        out,
+        "\nsluice / anvil, highest sustained: **{}**{}.\n",
+        ratio(v.rate as f64, d.rate as f64),
+        match (d.limit.is_some(), v.limit.is_some()) {
+            (true, true) => "",
+            (true, false) => " (sluice reached no limit: a lower bound)",
+            (false, true) => " (anvil reached no limit: an upper bound)",
+            (false, false) => " (neither reached a limit: the ramp was not high enough to tell)",
+        }
+    );
     out
 }
 

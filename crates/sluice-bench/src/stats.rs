@@ -281,6 +281,36 @@ pub fn process_cpu_time() -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10)) // USER_HZ is 100 on Linux
 }
 
+/// What a ramp sustained: the best second's successful requests before the first second that
+/// failed a request or had a p99 over the bound (the ramp's own average would only echo the
+/// offered rate).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sustained {
+    /// Successful requests in the best second before the limit (or in the whole run).
+    pub rate: u64,
+    /// The second the limit was reached and why, or `None` when the ramp ended first.
+    pub limit: Option<(u64, String)>,
+}
+
+/// The highest rate sustained over `series` with a per-second p99 at most `p99_bound_us`.
+pub fn sustained(series: &[SecondSummary], p99_bound_us: u64) -> Sustained {
+    let mut best = 0;
+    for s in series {
+        let why = if s.errors > 0 {
+            Some(format!("{} failed", s.errors))
+        } else if s.p99_us > p99_bound_us {
+            Some(format!("p99 {} ms", s.p99_us / 1000))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Sustained { rate: best, limit: Some((s.second, why)) };
+        }
+        best = best.max(s.ok);
+    }
+    Sustained { rate: best, limit: None }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,6 +341,21 @@ mod tests {
         a.merge(&b, Duration::from_secs(1));
         let s = a.summarize("t", "m".into(), Duration::from_secs(2), None);
         assert_eq!((s.requests, s.series.len(), s.errors["rpc -32000"]), (2, 2, 1));
+    }
+
+    #[test]
+    fn a_ramp_sustains_until_its_first_failing_second() {
+        let second =
+            |i: u64, ok: u64, errors: u64, p99_us: u64| SecondSummary { second: i, ok, errors, p50_us: 1, p99_us };
+        let rising: Vec<_> = (0..5).map(|i| second(i, 100 * (i + 1), 0, 1_000)).collect();
+        assert_eq!(sustained(&rising, 50_000), Sustained { rate: 500, limit: None });
+        let mut slow = rising.clone();
+        slow[3].p99_us = 80_000;
+        assert_eq!(sustained(&slow, 50_000), Sustained { rate: 300, limit: Some((3, "p99 80 ms".into())) });
+        let mut failing = rising;
+        failing[2].errors = 7;
+        // A better second after the limit does not count.
+        assert_eq!(sustained(&failing, 50_000), Sustained { rate: 200, limit: Some((2, "7 failed".into())) });
     }
 
     #[test]

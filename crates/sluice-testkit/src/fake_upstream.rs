@@ -1,5 +1,7 @@
-//! A fault-injecting *fake* upstream, for failures a real node will not produce on demand:
-//! hanging, answering garbage, answering slowly. Correct answers always come from real anvil.
+//! A fault-injecting *fake* upstream, for failures a real node will not produce on demand
+//! (hanging, answering garbage, answering slowly), a relay in front of a real node that counts
+//! or alters calls, and a fixed-answer stand-in (`Slow`, `Stall`) where sluice's own queueing or
+//! speed is measured. Answers checked for correctness always come from real anvil.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

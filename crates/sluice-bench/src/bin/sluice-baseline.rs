@@ -54,6 +54,10 @@ enum What {
         /// The answer.
         #[arg(long)]
         body_file: PathBuf,
+        /// Put the request's `"id"` value in place of the answer's (a byte scan, no JSON
+        /// parsing), for generators that check ids; without it the bytes are sent as they are.
+        #[arg(long)]
+        echo_id: bool,
     },
     /// Fan the node's newHeads (and the bench emitter's logs) out to every WebSocket client.
     Fanout {
@@ -102,19 +106,53 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
         What::Fanout { node } => fanout::run(listener, &node).await,
-        What::Fixed { body_file } => {
+        What::Fixed { body_file, echo_id } => {
             let body = Bytes::from(std::fs::read(&body_file)?);
+            let template = if echo_id { Some(Arc::new(IdTemplate::new(&body)?)) } else { None };
             serve(listener, move |req: Request<Incoming>| {
-                let body = body.clone();
+                let (body, template) = (body.clone(), template.clone());
                 async move {
                     // Read the request like any server must, then answer the same bytes.
-                    let _ = req.into_body().collect().await;
-                    Ok::<_, Infallible>(json(body))
+                    let request = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                    Ok::<_, Infallible>(json(match template {
+                        Some(t) => t.answer(&request),
+                        None => body,
+                    }))
                 }
             })
             .await
         }
     }
+}
+
+/// A fixed answer split around its `"id":` value, so that each request's id can be put back.
+struct IdTemplate {
+    before: Vec<u8>,
+    after: Vec<u8>,
+}
+
+impl IdTemplate {
+    fn new(body: &[u8]) -> anyhow::Result<Self> {
+        let (start, end) = id_span(body).ok_or_else(|| anyhow::anyhow!("--echo-id: the body has no \"id\""))?;
+        Ok(IdTemplate { before: body[..start].to_vec(), after: body[end..].to_vec() })
+    }
+
+    fn answer(&self, request: &[u8]) -> Bytes {
+        let id = id_span(request).map_or(&b"null"[..], |(s, e)| &request[s..e]);
+        let mut out = Vec::with_capacity(self.before.len() + id.len() + self.after.len());
+        out.extend_from_slice(&self.before);
+        out.extend_from_slice(id);
+        out.extend_from_slice(&self.after);
+        Bytes::from(out)
+    }
+}
+
+/// Where the value of the first `"id":` is: up to the next `,` or `}` (numbers and plain strings,
+/// which is what load generators send).
+fn id_span(body: &[u8]) -> Option<(usize, usize)> {
+    let key = body.windows(5).position(|w| w == b"\"id\":")? + 5;
+    let len = body[key..].iter().position(|b| matches!(b, b',' | b'}'))?;
+    Some((key, key + len))
 }
 
 fn json(bytes: Bytes) -> Response<Full<Bytes>> {
@@ -228,5 +266,21 @@ mod fanout {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_callers_id_replaces_the_answers() {
+        let t = IdTemplate::new(br#"{"jsonrpc":"2.0","id":1,"result":"0x80"}"#).unwrap();
+        let answer = t.answer(br#"{"jsonrpc":"2.0","id":"a-7","method":"eth_blockNumber","params":[]}"#);
+        assert_eq!(&answer[..], br#"{"jsonrpc":"2.0","id":"a-7","result":"0x80"}"#);
+        let last = t.answer(br#"{"jsonrpc":"2.0","method":"eth_blockNumber","id":12}"#);
+        assert_eq!(&last[..], br#"{"jsonrpc":"2.0","id":12,"result":"0x80"}"#);
+        assert_eq!(&t.answer(b"{}")[..], br#"{"jsonrpc":"2.0","id":null,"result":"0x80"}"#);
+        assert!(IdTemplate::new(b"[]").is_err());
     }
 }
