@@ -174,6 +174,8 @@ fn the_report_writes_sane_figures_fast() {
     let mix = cases.iter().find(|(case, _)| case.starts_with("70% eth_call")).expect("the mix row").1;
     let headline_mix = headline.iter().find(|r| r[0].starts_with("method mix")).expect("mix in the headline");
     assert_eq!(headline_mix[1], mix[3]);
+    let hit = headline.iter().find(|r| r[0].contains("cache hit ratio")).expect("hit ratio in the headline");
+    assert!((0.1..=100.0).contains(&number(&hit[1])), "the mix reaches the cache: {hit:?}");
     let c1 = cases.iter().find(|(case, _)| case.ends_with("vs bare forwarder, c=1")).expect("c=1 row").1;
     let headline_c1 = headline.iter().find(|r| r[0].contains("added over the bare forwarder")).expect("c=1 headline");
     assert_eq!(number(&headline_c1[1]), numbers(&c1[5])[0] - numbers(&c1[4])[0]);

@@ -18,6 +18,8 @@ pub(super) struct Figures {
     pub baselines: Option<Section>,
     pub mix: Section,
     pub mix_text: String,
+    /// Cache hits over hits and misses in sluice's rounds of the mix, percent.
+    pub mix_hit_ratio: f64,
     pub ramp: Row,
     pub quic: Option<(String, sluice_bench::quic::RttArgs)>,
     pub mesh: Option<String>,
@@ -57,6 +59,7 @@ fn headline(f: &Figures) -> String {
     }
     if let Some(r) = f.mix.rows.first() {
         let _ = writeln!(out, "| method mix, sluice / anvil (req/s) | {} | c |", row_ratio(r));
+        let _ = writeln!(out, "| method mix, cache hit ratio | {:.1} % | c |", f.mix_hit_ratio);
     }
     let (d, v) =
         (sustained(&f.ramp.direct.series, RAMP_P99_BOUND_US), sustained(&f.ramp.sluice.series, RAMP_P99_BOUND_US));
