@@ -171,7 +171,7 @@ fn the_report_writes_sane_figures_fast() {
         number(&row[1]);
         assert!(md.contains(&format!("## {}. ", row[2])), "section {} exists", row[2]);
     }
-    let mix = cases.iter().find(|(case, _)| case.starts_with("70% eth_call")).expect("the mix row").1;
+    let mix = cases.iter().find(|(case, _)| case.starts_with("eth_call, balances")).expect("the mix row").1;
     let headline_mix = headline.iter().find(|r| r[0].starts_with("method mix")).expect("mix in the headline");
     assert_eq!(headline_mix[1], mix[3]);
     let hit = headline.iter().find(|r| r[0].contains("cache hit ratio")).expect("hit ratio in the headline");

@@ -2,6 +2,7 @@
 //! directly and through sluice (this same binary, as child processes), and writes
 //! `benchmarks.md` and SVG plots. Every figure in it comes from this run.
 
+mod chain;
 mod page;
 mod sections;
 
@@ -15,7 +16,6 @@ use sluice_bench::mix::Mix;
 use sluice_bench::report::{Row, Section};
 use sluice_bench::run::{compare, run, Plan};
 use sluice_bench::schedule::Model;
-use sluice_jsonrpc::{Id, RawValue, Request};
 use sluice_upstream::{HttpUpstream, HttpUpstreamConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
@@ -106,12 +106,6 @@ async fn spawn_sluice(upstream: &str, cache: bool) -> anyhow::Result<(Child, Str
     anyhow::bail!("sluice exited before listening")
 }
 
-async fn call(node: &HttpUpstream, method: &str, params: &str) -> anyhow::Result<()> {
-    let request = Request::new(Some(Id::number(1)), method, RawValue::from_string(params.into()).ok());
-    node.call(&request).await.map_err(|e| anyhow::anyhow!("{method}: {e}"))?;
-    Ok(())
-}
-
 /// Reads one metric from sluice's /metrics over a plain socket.
 async fn metric(url: &str, series: &str) -> Option<f64> {
     let addr = url.strip_prefix("http://")?;
@@ -183,7 +177,7 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
         max_response_bytes: 64 << 20,
     })
     .map_err(anyhow::Error::msg)?;
-    call(&node, "anvil_mine", r#"["0x80"]"#).await?; // 128 blocks: the first 64 are finalized
+    chain::call(&node, "anvil_mine", r#"["0x80"]"#).await?; // 128 blocks: the first 64 are finalized
     let (_cached_child, cached) = spawn_sluice(&anvil, true).await?;
     let (_plain_child, plain) = spawn_sluice(&anvil, false).await?;
     for _ in 0..100 {
@@ -257,34 +251,34 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
     };
 
     eprintln!("scenario c: a realistic method mix");
-    let mix_text = format!(
-        "[vars]\naddress = [\"{DEV}\", \"0x70997970c51812dc3a010c7d01b50e0d17dc79c8\", \"0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc\"]\n\
-         block = {{ from = 1, to = 120 }}\n\
-         [[call]]\nmethod = \"eth_call\"\nparams = [{{ to = \"{{address}}\", data = \"0x70a08231\" }}, \"latest\"]\nweight = 70\n\
-         [[call]]\nmethod = \"eth_getBalance\"\nparams = [\"{{address}}\", \"latest\"]\nweight = 20\n\
-         [[call]]\nmethod = \"eth_getBlockByNumber\"\nparams = [\"{{block}}\", false]\nweight = 10\n"
-    );
+    let moving = chain::MovingChain::start(&node).await?;
+    let mix_text = moving.mix_text.clone();
     let mix = Mix::parse(&mix_text).map_err(anyhow::Error::msg)?;
     let cache_before =
         (metric_sum(&cached, "sluice_cache_hits_total").await, metric_sum(&cached, "sluice_cache_misses_total").await);
     let mix_row = pair(
-        "70% eth_call, 20% eth_getBalance, 10% eth_getBlockByNumber, c=64".into(),
+        "eth_call, balances, blocks, receipts, logs on a moving chain, c=64".into(),
         &cached,
         &anvil,
         Model::Concurrency(64),
         cell,
         mix,
     )
-    .await?;
+    .await;
+    let blocks = moving.stop(&node).await?;
+    let mix_row = mix_row?;
     let hits = metric_sum(&cached, "sluice_cache_hits_total").await - cache_before.0;
     let misses = metric_sum(&cached, "sluice_cache_misses_total").await - cache_before.1;
     let mix_section = Section {
         title: "c. A realistic method mix".into(),
         note: format!(
-            "The mix file is written into the report below; `{{address}}` draws from three accounts, `{{block}}` from \
-             blocks 1–120. Cache hit ratio over sluice's rounds: **{:.1} %** ({hits:.0} hits, {misses:.0} misses; \
-             `sluice_cache_hits_total` and `_misses_total` before and after). anvil does not mine during the run, \
-             so `latest` does not move: this mix is mostly hits, not yet a moving chain.",
+            "A chain that moves: a counter contract (`{}`: each call adds one, logs it, returns the count) \
+             called by 3 transactions in each of 20 blocks before the run, then a block of 3 such transactions \
+             every second during it ({blocks} blocks). The mix (below) reads at `latest` (`eth_call` of the counter, \
+             balance, block), recent blocks with their transactions, old blocks, receipts and transactions of the \
+             60 calls, and `eth_getLogs` over their logs. Cache hit ratio over sluice's rounds: **{:.1} %** \
+             ({hits:.0} hits, {misses:.0} misses; `sluice_cache_hits_total` and `_misses_total` before and after).",
+            chain::COUNTER,
             100.0 * hits / (hits + misses).max(1.0)
         ),
         command: format!(
