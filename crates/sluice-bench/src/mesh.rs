@@ -7,12 +7,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use alloy_primitives::keccak256;
 use clap::Args;
 use serde::Serialize;
 use sluice_mesh::memory::MemoryPool;
 use sluice_mesh::{Mesh, MeshSettings};
 use sluice_pool::{Origin, TxIntake};
+
+use crate::txgen::{Fees, SignedTx, Wallet};
 
 /// `sluice bench mesh`.
 #[derive(Debug, Args)]
@@ -47,7 +48,7 @@ pub struct MeshArgs {
 }
 
 /// What one run measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct MeshSummary {
     /// Nodes.
     pub nodes: usize,
@@ -82,6 +83,8 @@ pub struct MeshSummary {
     pub rss_per_node_mib: f64,
     /// Seconds from first injection to the end.
     pub seconds: f64,
+    /// Mean size of the signed transfers injected, bytes.
+    pub tx_bytes: f64,
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -159,17 +162,21 @@ pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
     }
     eprintln!("{} nodes, {links} links up; injecting {} transactions at {}/s", args.nodes, args.txs, args.rate);
 
+    // Real signed EIP-1559 transfers (about 115 bytes each), signed before the clock starts:
+    // 20 senders, nonces in order, the sizes a mempool relays.
+    let senders: Vec<Wallet> = (0..20).map(|n| Wallet::numbered(1_000 + n, 31_337)).collect();
+    let to = senders[0].address();
+    let signed: Vec<SignedTx> =
+        (0..args.txs).map(|k| senders[(k % 20) as usize].transfer(k / 20, to, 1, Fees::default())).collect();
+    let tx_bytes = signed.iter().map(|t| t.raw.len()).sum::<usize>() as f64 / signed.len().max(1) as f64;
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
     let mut injected = Vec::new();
-    for k in 0..args.txs {
+    for (k, tx) in signed.into_iter().enumerate() {
         tokio::time::sleep_until((t0 + Duration::from_secs_f64(k as f64 / args.rate)).into()).await;
-        let mut raw = vec![0x02];
-        raw.extend_from_slice(&k.to_be_bytes());
-        raw.extend_from_slice(&t0.elapsed().as_nanos().to_be_bytes());
         let origin = rng.usize(0..args.nodes);
-        let hash = keccak256(&raw);
-        pools[origin].submit(raw.into(), Origin::Rpc).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let hash = tx.hash;
+        pools[origin].submit(tx.raw.into(), Origin::Rpc).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         injected.push((hash, origin, Instant::now()));
     }
     let settle_by = Instant::now() + args.settle;
@@ -231,6 +238,7 @@ pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
         cpu_per_node: cpu / seconds / args.nodes as f64,
         rss_per_node_mib: (rss_mib() - rss_before).max(0.0) / args.nodes as f64,
         seconds,
+        tx_bytes,
     };
     for m in &meshes {
         m.shutdown().await;
@@ -294,7 +302,7 @@ impl MeshArgs {
 /// One table row.
 pub fn markdown_row(label: &str, s: &MeshSummary) -> String {
     format!(
-        "| {label} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {:.3} | {:.1} |",
+        "| {label} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {:.3} | {:.1} | {:.0} |",
         s.nodes,
         s.links,
         s.injected,
@@ -312,9 +320,10 @@ pub fn markdown_row(label: &str, s: &MeshSummary) -> String {
         s.ack_ms.0,
         s.ack_ms.1,
         s.cpu_per_node,
-        s.rss_per_node_mib
+        s.rss_per_node_mib,
+        s.tx_bytes
     )
 }
 
 /// The header for [`markdown_row`].
-pub const TABLE_HEADER: &str = "| settings | nodes | links | txs | delivered | lost | redundant | failed | sent / streams / skipped | first relay p50 / p99 ms | everyone p50 / p99 ms | ack p50 / p99 ms | CPU s/s per node | MiB per node |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+pub const TABLE_HEADER: &str = "| settings | nodes | links | txs | delivered | lost | redundant | failed | sent / streams / skipped | first relay p50 / p99 ms | everyone p50 / p99 ms | ack p50 / p99 ms | CPU s/s per node | MiB per node | tx bytes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";

@@ -195,11 +195,12 @@ fn the_report_writes_sane_figures_fast() {
     assert!(number(&quic[0][1]) > 0.0 && number(&quic[0][2]) > 0.0 && number(&quic[0][3]) > 0.0, "{quic:?}");
     assert!(md.contains("https://github.com/anza-xyz/agave/pull/8948"));
 
-    // g: the mesh row lost nothing.
+    // g: the mesh row (its own process) lost nothing, and carried real transfers.
     let (_, mesh) = find("settings");
     assert_eq!(mesh.len(), 1);
     assert_eq!((number(&mesh[0][1]), number(&mesh[0][5])), (5.0, 0.0), "5 nodes, none lost: {mesh:?}");
     assert!(number(&mesh[0][4]) > 0.0, "{mesh:?}");
+    assert!(number(&mesh[0][14]) >= 100.0, "real signed transfers, not stand-in bytes: {mesh:?}");
 
     // h: 20 clients, 3 blocks: every head delivered once, nobody closed, one upstream socket.
     let (_, ws) = find("clients");

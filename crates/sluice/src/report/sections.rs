@@ -172,10 +172,25 @@ pub(super) async fn ws_section(
     ))
 }
 
+/// One mesh row in a process of its own (this binary, `sluice bench mesh … --json`), so that its
+/// memory per node is what those nodes cost, not what earlier rows left allocated.
+async fn mesh_row(run: &sluice_bench::mesh::MeshArgs) -> anyhow::Result<sluice_bench::mesh::MeshSummary> {
+    let command = run.command();
+    let out = Command::new(std::env::current_exe()?)
+        .args(command.split_whitespace().skip(1))
+        .arg("--json")
+        .env("SLUICE_LOG", "warn")
+        .stderr(Stdio::inherit())
+        .output()
+        .await?;
+    anyhow::ensure!(out.status.success(), "`{command}` failed");
+    serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("`{command}` printed no summary: {e}"))
+}
+
 /// Scenario g: the peer mesh at the sizes asked for (`txs` transactions at 20/s), then, with
 /// `pairs`, batching on and off side by side.
 pub(super) async fn mesh_section(sizes: &[usize], txs: u64, pairs: bool) -> anyhow::Result<String> {
-    use sluice_bench::mesh::{markdown_row, run_mesh_bench, MeshArgs, TABLE_HEADER};
+    use sluice_bench::mesh::{markdown_row, MeshArgs, TABLE_HEADER};
     let unbatched = |mut a: MeshArgs| {
         a.max_batch = 1;
         a.max_in_flight = 256;
@@ -190,7 +205,8 @@ pub(super) async fn mesh_section(sizes: &[usize], txs: u64, pairs: bool) -> anyh
     let mut md = String::from(
         "## g. Peer mesh
 
-All nodes in this process, QUIC on loopback, each behind the memory pool (a stand-in that \
+All nodes of a row in one process of their own (so \"MiB per node\" is the row's RSS growth over its \
+         nodes, not what earlier rows left allocated), QUIC on loopback, each behind the memory pool (a stand-in that \
          takes each transaction once and forwards it, as the mempool's pending feed does), so this measures the \
          mesh on two shared cores. Transactions are injected at random nodes. \"per stream\" is `max_batch` (1: one \
          transaction per stream always, the first design) and \"in flight\" is `max_in_flight`, streams per peer. \
@@ -202,7 +218,7 @@ All nodes in this process, QUIC on loopback, each behind the memory pool (a stan
     let mut summaries = Vec::new();
     for run in &runs {
         eprintln!("scenario g: {}", run.command());
-        let summary = run_mesh_bench(run).await?;
+        let summary = mesh_row(run).await?;
         md.push_str(&markdown_row(&run.label(), &summary));
         md.push('\n');
         summaries.push(summary);
