@@ -7,7 +7,8 @@ ANVIL=.tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 
 bash scripts/install-tools.sh >/dev/null
 command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
-cargo build --release -q -p sluice
+# STAND_INS=1: with the benchmark stand-ins (counting intake, memory pool), never in a release.
+cargo build --release -q -p sluice ${STAND_INS:+--features sluice-bench/stand-ins}
 
 work=$(mktemp -d)
 pids=()

@@ -11,7 +11,7 @@ RATES=${RATES:-"20"}
 TXS=${TXS:-200}
 DEGREE=${DEGREE:-3}
 EXTRA=${EXTRA:-}
-cargo build --release -q -p sluice
+cargo build --release -q -p sluice --features sluice-bench/stand-ins  # the memory pool
 echo "Command per row: sluice bench mesh --nodes N --degree $DEGREE --txs $TXS --rate R $EXTRA"
 echo
 header=--header

@@ -7,6 +7,7 @@
 #  3. signed transfers over QUIC into a real sluice's mempool in front of anvil (full validation,
 #     bidirectional streams, each answer counted).
 #   DURATION=5s RATE=10000 LOAD_RATES="50000 80000" bash bench/quic.sh
+STAND_INS=1  # sections 1 and 2 run into the counting intake
 source "$(dirname "$0")/lib.sh"
 RATE=${RATE:-10000}
 LOAD_RATES=${LOAD_RATES:-"50000 80000"}

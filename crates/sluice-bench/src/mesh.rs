@@ -3,12 +3,14 @@
 //! mempool's pending feed does. Transactions are injected at random nodes at a constant rate;
 //! the run reports what reached every node, what was lost, redundant deliveries, propagation
 //! latency ("time to first relay", "time to everyone"), and CPU and memory per node.
+#![cfg_attr(not(feature = "stand-ins"), allow(dead_code, unused_imports))]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
+#[cfg(feature = "stand-ins")]
 use sluice_mesh::memory::MemoryPool;
 use sluice_mesh::{Mesh, MeshSettings};
 use sluice_pool::{Origin, TxIntake};
@@ -111,7 +113,14 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// Runs one mesh benchmark (it needs the memory pool: builds with the `stand-ins` feature).
+#[cfg(not(feature = "stand-ins"))]
+pub async fn run_mesh_bench(_: &MeshArgs) -> anyhow::Result<MeshSummary> {
+    Err(crate::without_stand_ins())
+}
+
 /// Runs one mesh benchmark.
+#[cfg(feature = "stand-ins")]
 pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
     anyhow::ensure!(args.nodes >= 2 && args.txs > 0 && args.rate > 0.0, "need 2+ nodes, txs and a rate");
     let rss_before = rss_mib();

@@ -8,6 +8,7 @@
 //! takes everything (it isolates the ingress's own speed). `load --target` sends signed
 //! transfers to a running sluice instead, through its real mempool, on bidirectional streams,
 //! counting the pool's answers.
+#![cfg_attr(not(feature = "stand-ins"), allow(dead_code, unused_imports))]
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -17,6 +18,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use sluice_ingress::netem::{delayed_socket, Netem};
+#[cfg(feature = "stand-ins")]
 use sluice_ingress::null::CountingIntake;
 use sluice_ingress::{Client, ClientOptions, Identity, Ingress, IngressConfig, KeyPair};
 use tokio::time::Instant;
@@ -208,6 +210,12 @@ fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
+#[cfg(not(feature = "stand-ins"))]
+async fn rtt_run(_: &RttArgs, _: Duration, _: bool) -> anyhow::Result<RunResult> {
+    Err(crate::without_stand_ins())
+}
+
+#[cfg(feature = "stand-ins")]
 async fn rtt_run(args: &RttArgs, rtt: Duration, scaling: bool) -> anyhow::Result<RunResult> {
     let key = KeyPair::generate();
     let config = IngressConfig {
@@ -314,6 +322,12 @@ impl LoadSummary {
     }
 }
 
+#[cfg(not(feature = "stand-ins"))]
+async fn load_in_process(_: &LoadArgs) -> anyhow::Result<LoadSummary> {
+    Err(crate::without_stand_ins())
+}
+
+#[cfg(feature = "stand-ins")]
 async fn load_in_process(args: &LoadArgs) -> anyhow::Result<LoadSummary> {
     let keys: Vec<KeyPair> = (0..args.clients).map(|_| KeyPair::generate()).collect();
     let config = IngressConfig {

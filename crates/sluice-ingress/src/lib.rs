@@ -15,6 +15,7 @@ pub mod config;
 pub mod identity;
 pub mod limits;
 pub mod netem;
+#[cfg(feature = "stand-ins")]
 pub mod null;
 pub mod qos;
 pub mod server;

@@ -18,6 +18,7 @@ pub mod conduct;
 pub mod config;
 mod contents;
 pub mod known;
+#[cfg(any(test, feature = "stand-ins"))]
 pub mod memory;
 pub mod node;
 pub mod outbox;
