@@ -143,7 +143,7 @@ fn small_buffers() -> WebSocketConfig {
 pub async fn measure(args: &WsArgs) -> anyhow::Result<WsSummary> {
     anyhow::ensure!(args.url.starts_with("ws://"), "{}: use a ws:// URL", args.url);
     anyhow::ensure!(args.clients > 0 && args.blocks > 0, "--clients and --blocks must be more than zero");
-    let http = reqwest_like::Client::new();
+    let http = node_rpc::Client::new();
     if let Some(node) = &args.mine {
         http.call(node, "anvil_setCode", json!([EMITTER, EMITTER_CODE])).await?;
     }
@@ -349,7 +349,7 @@ fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 /// A few HTTP JSON-RPC calls, through sluice-upstream's client (no extra HTTP stack).
-mod reqwest_like {
+mod node_rpc {
     use std::time::Duration;
 
     use serde_json::Value;

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use alloy_primitives::keccak256;
-use common::{BIN, DEV_ACCOUNT};
+use common::DEV_ACCOUNT;
 use serde_json::{json, value::RawValue, Value};
 use sluice_testkit::{metric, rpc_result, Anvil, FakeUpstream, Fault, Sluice};
 
@@ -117,20 +117,12 @@ async fn all_at_once(client: &reqwest::Client, url: &str, calls: &[Value]) -> Ve
     futures_util::future::join_all(calls.iter().map(|p| answer_text(client, url, p))).await
 }
 
-struct Configured {
-    sluice: Sluice,
-    _file: tempfile::NamedTempFile,
-}
-
-fn sluice_with(upstream: &str, ws: &str) -> Configured {
+fn sluice_with(upstream: &str, ws: &str) -> common::Configured {
     let toml = format!(
         "[mempool]\nenabled = false\n[aggregate]\neth_call = true\nwindow = \"25ms\"\nmax_calls = 50\n\
          [[upstreams]]\nurl = \"{upstream}\"\nws_url = \"{ws}\"\n"
     );
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), toml).unwrap();
-    let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--config", file.path().to_str().unwrap()]);
-    Configured { sluice, _file: file }
+    common::with_config(&toml)
 }
 
 async fn counter(client: &reqwest::Client, sluice: &Sluice, outcome: &str) -> f64 {
@@ -161,7 +153,7 @@ async fn looked_up(client: &reqwest::Client, sluice: &Sluice, present: bool) {
 struct Devnet {
     anvil: Anvil,
     relay: FakeUpstream,
-    net: Configured,
+    net: common::Configured,
 }
 
 async fn devnet(client: &reqwest::Client, code: &HashMap<String, String>, multicall: bool) -> Devnet {

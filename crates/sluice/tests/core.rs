@@ -16,22 +16,9 @@ use serde_json::{json, Value};
 use sluice_testkit::{post, rpc_result, Anvil, FakeUpstream, Fault, Sluice};
 
 /// sluice started with a configuration file (kept alive with it).
-struct Configured {
-    sluice: Sluice,
-    _file: tempfile::NamedTempFile,
-}
-
-fn with_config(toml: &str) -> Configured {
-    let file = tempfile::NamedTempFile::new().expect("a temporary file");
-    std::fs::write(file.path(), toml).expect("config written");
-    let path = file.path().to_str().expect("a UTF-8 path").to_owned();
-    let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--config", &path]);
-    Configured { sluice, _file: file }
-}
-
 /// sluice in front of two upstreams, mempool off, the first one's heads followed on `ws`.
-fn two_upstreams(pool: &str, first: &str, ws: &str, second: &str) -> Configured {
-    with_config(&format!(
+fn two_upstreams(pool: &str, first: &str, ws: &str, second: &str) -> common::Configured {
+    common::with_config(&format!(
         "[mempool]\nenabled = false\n[pool]\n{pool}\n[[upstreams]]\nurl = \"{first}\"\nws_url = \"{ws}\"\n[[upstreams]]\nurl = \"{second}\"\n"
     ))
 }
@@ -63,7 +50,7 @@ async fn served_by(client: &reqwest::Client, url: &str, body: &str) -> String {
 async fn one_upstream_keeps_its_rate_and_method_filter() {
     let anvil = Anvil::spawn();
     let relay = FakeUpstream::spawn(counting(&anvil, Duration::ZERO)).await;
-    let net = with_config(&format!(
+    let net = common::with_config(&format!(
         r#"
 [cache]
 enabled = false
@@ -130,7 +117,7 @@ async fn identical_reads_of_the_block_just_mined_share_one_upstream_call() {
     let anvil = Anvil::spawn();
     // Slow answers keep the first call in flight while the others arrive.
     let relay = FakeUpstream::spawn(counting(&anvil, Duration::from_millis(500))).await;
-    let net = with_config(&format!(
+    let net = common::with_config(&format!(
         r#"
 [mempool]
 enabled = false
@@ -282,7 +269,7 @@ async fn recent_blocks_are_cached_right_after_a_start() {
 async fn websocket_calls_take_places_among_those_in_flight() {
     let anvil = Anvil::spawn();
     let relay = FakeUpstream::spawn(counting(&anvil, Duration::from_millis(400))).await;
-    let net = with_config(&format!(
+    let net = common::with_config(&format!(
         "[cache]\nenabled = false\n[mempool]\nenabled = false\n[limits]\nmax_in_flight = 2\n[[upstreams]]\nurl = \"{}\"\n",
         relay.url
     ));

@@ -9,21 +9,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::BIN;
 use serde_json::{json, Value};
-use sluice_testkit::{rpc, Anvil, FakeUpstream, Fault, RateWindow, RedisServer, Sluice};
-
-struct Configured {
-    sluice: Sluice,
-    _file: tempfile::NamedTempFile,
-}
-
-fn with_config(toml: &str) -> Configured {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), toml).unwrap();
-    let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--config", file.path().to_str().unwrap()]);
-    Configured { sluice, _file: file }
-}
+use sluice_testkit::{rpc, Anvil, FakeUpstream, Fault, RateWindow, RedisServer};
 
 fn balance(i: usize) -> Value {
     json!([format!("0x{:040x}", 0x1000 + i), "latest"])
@@ -34,7 +21,7 @@ async fn concurrent_calls_leave_as_one_batch_per_window_and_each_gets_its_own_an
     let anvil = Anvil::spawn();
     let relay =
         FakeUpstream::spawn(Fault::Relay { to: anvil.http_url(), delay: Duration::ZERO, fail_method: None }).await;
-    let net = with_config(&format!(
+    let net = common::with_config(&format!(
         "[cache]\nenabled = false\n[mempool]\nenabled = false\n[pool]\nprobe_interval = \"10s\"\n\
          [[upstreams]]\nurl = \"{}\"\nbatch_window = \"5ms\"\nmax_batch = 50\n",
         relay.url
@@ -72,7 +59,7 @@ async fn two_replicas_sharing_redis_keep_a_daily_quota_exactly() {
         redis.url(),
         relay.url
     );
-    let (a, b) = (with_config(&config), with_config(&config));
+    let (a, b) = (common::with_config(&config), common::with_config(&config));
     let client = reqwest::Client::new();
     let urls = [a.sluice.http_url(), b.sluice.http_url()];
     // 100 distinct calls, half to each replica, ten at a time.
@@ -103,7 +90,7 @@ async fn when_the_budget_store_fails_fail_open_lets_calls_through_and_fail_close
             anvil.http_url()
         )
     };
-    let (open, closed) = (with_config(&config(true)), with_config(&config(false)));
+    let (open, closed) = (common::with_config(&config(true)), common::with_config(&config(false)));
     let client = reqwest::Client::new();
     let (open_url, closed_url) = (open.sluice.http_url(), closed.sluice.http_url());
     for url in [&open_url, &closed_url] {
@@ -152,7 +139,7 @@ async fn a_provider_limiting_at_20_per_second_gets_no_more_and_callers_wait_thei
     let relay =
         FakeUpstream::spawn(Fault::RateLimited { to: anvil.http_url(), window: window.clone(), retry_after: None })
             .await;
-    let net = with_config(&format!(
+    let net = common::with_config(&format!(
         "[cache]\nenabled = false\n[mempool]\nenabled = false\n[pool]\nprobe_interval = \"10s\"\nhedge = \"off\"\n\
          budget_wait = \"2s\"\n[[upstreams]]\nurl = \"{}\"\n",
         relay.url

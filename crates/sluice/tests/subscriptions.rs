@@ -59,17 +59,8 @@ async fn send_fire(client: &reqwest::Client, url: &str, to: &str, count: u64, sa
         .await;
 }
 
-struct Configured {
-    sluice: Sluice,
-    _file: tempfile::NamedTempFile,
-}
-
-fn with_config(toml: &str) -> Configured {
-    let file = tempfile::NamedTempFile::new().expect("a temporary file");
-    std::fs::write(file.path(), toml).expect("config written");
-    let path = file.path().to_str().expect("a UTF-8 path").to_owned();
-    let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--log", "warn", "--config", &path]);
-    Configured { sluice, _file: file }
+fn with_config_log_warn(toml: &str) -> common::Configured {
+    common::with_config_args(toml, &["--log", "warn"])
 }
 
 /// What one socket received after its subscriptions were made: notifications by subscription
@@ -156,7 +147,7 @@ async fn a_thousand_clients_share_one_upstream_subscription() {
     let client = reqwest::Client::new();
     place_emitters(&client, &anvil, 1).await;
     let relay = WsRelay::start(&anvil.ws_url()).await;
-    let net = with_config(&format!(
+    let net = with_config_log_warn(&format!(
         "[limits]\nmax_connections = 5000\n[[upstreams]]\nurl = \"{}\"\nws_url = \"{}\"\n",
         anvil.http_url(),
         relay.url
@@ -229,7 +220,7 @@ fn twins() -> (Anvil, Anvil) {
 async fn killing_the_upstream_that_announced_heads_loses_no_block() {
     let (a, b) = twins();
     let client = reqwest::Client::new();
-    let net = with_config(&format!(
+    let net = with_config_log_warn(&format!(
         "[pool]\nprobe_interval = \"200ms\"\n[[upstreams]]\nurl = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n",
         a.http_url(),
         b.http_url()

@@ -243,3 +243,25 @@ pub async fn wait_status(client: &reqwest::Client, sluice: &Sluice, what: &str, 
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// sluice started with a configuration file, which lives as long as the process.
+pub struct Configured {
+    /// The running sluice.
+    pub sluice: Sluice,
+    _file: tempfile::NamedTempFile,
+}
+
+/// Starts `sluice serve` on a free port with `toml` as its configuration file.
+pub fn with_config(toml: &str) -> Configured {
+    with_config_args(toml, &[])
+}
+
+/// As [`with_config`], with more arguments for `serve` (such as `--log warn`).
+pub fn with_config_args(toml: &str, extra: &[&str]) -> Configured {
+    let file = tempfile::NamedTempFile::new().expect("a temporary file");
+    std::fs::write(file.path(), toml).expect("config written");
+    let path = file.path().to_str().expect("a UTF-8 path").to_owned();
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--config", &path];
+    args.extend_from_slice(extra);
+    Configured { sluice: Sluice::spawn(BIN, &args), _file: file }
+}
