@@ -98,38 +98,45 @@ async fn spawn_sluice(upstream: &str, cache: bool) -> anyhow::Result<(Child, Str
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
+    let line = listening_line(&mut child, "sluice listening on http://").await?;
+    let addr = line.split_whitespace().next().unwrap_or_default().to_owned();
+    Ok((child, format!("http://{addr}")))
+}
+
+/// Reads a child's stdout up to the line starting with `prefix` and returns the rest of that
+/// line; the lines after it are read and dropped, so the child never blocks on a full pipe.
+pub(super) async fn listening_line(child: &mut Child, prefix: &str) -> anyhow::Result<String> {
     let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
     let mut lines = BufReader::new(stdout).lines();
     while let Some(line) = lines.next_line().await? {
-        if let Some(rest) = line.strip_prefix("sluice listening on http://") {
-            let addr = rest.split_whitespace().next().unwrap_or_default().to_owned();
+        if let Some(rest) = line.strip_prefix(prefix) {
+            let rest = rest.trim().to_owned();
             tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-            return Ok((child, format!("http://{addr}")));
+            return Ok(rest);
         }
     }
-    anyhow::bail!("sluice exited before listening")
+    anyhow::bail!("exited before printing {prefix:?}")
 }
 
 /// Reads one metric from sluice's /metrics over a plain socket.
-async fn metric(url: &str, series: &str) -> Option<f64> {
+/// sluice's /metrics text, over a plain socket.
+async fn metrics_text(url: &str) -> Option<String> {
     let addr = url.strip_prefix("http://")?;
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.ok()?;
     let mut text = String::new();
     stream.read_to_string(&mut text).await.ok()?;
-    text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    Some(text)
+}
+
+/// One series of sluice's /metrics (`series` includes its labels, or ends with a space).
+async fn metric(url: &str, series: &str) -> Option<f64> {
+    metrics_text(url).await?.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
 /// The sum of every series of one metric in sluice's /metrics (0 when absent).
 async fn metric_sum(url: &str, name: &str) -> f64 {
-    let Some(addr) = url.strip_prefix("http://") else { return 0.0 };
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else { return 0.0 };
-    let mut text = String::new();
-    if stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.is_err()
-        || stream.read_to_string(&mut text).await.is_err()
-    {
-        return 0.0;
-    }
+    let Some(text) = metrics_text(url).await else { return 0.0 };
     text.lines()
         .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sluice_bench::mix::Mix;
 use sluice_bench::report::Section;
 use sluice_bench::schedule::Model;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use super::{pair, DEV};
@@ -40,14 +40,8 @@ async fn spawn_baseline(path: &Path, args: &[&str]) -> anyhow::Result<(Child, St
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-    let mut lines = BufReader::new(stdout).lines();
-    while let Some(line) = lines.next_line().await? {
-        if let Some(url) = line.strip_prefix("baseline listening on ") {
-            return Ok((child, url.trim().to_owned()));
-        }
-    }
-    anyhow::bail!("sluice-baseline {args:?} exited before listening")
+    let url = super::listening_line(&mut child, "baseline listening on ").await?;
+    Ok((child, url))
 }
 
 /// POSTs `body` over a plain HTTP/1.0 socket and returns the answer's body bytes, exactly.
