@@ -110,7 +110,9 @@ async fn insert_single(mempool: &Arc<Mempool>, txs: &[SignedTx]) -> f64 {
 
 async fn insert_batched(mempool: &Arc<Mempool>, txs: &[SignedTx], concurrency: usize) -> f64 {
     let started = Instant::now();
-    let queue = Arc::new(std::sync::Mutex::new(txs.iter().map(|t| Bytes::from(t.raw.clone())).collect::<Vec<_>>()));
+    // Reversed, so that popping hands them out in nonce order, as senders send them.
+    let queue =
+        Arc::new(std::sync::Mutex::new(txs.iter().rev().map(|t| Bytes::from(t.raw.clone())).collect::<Vec<_>>()));
     let workers: Vec<_> = (0..concurrency)
         .map(|_| {
             let (mempool, queue) = (mempool.clone(), queue.clone());
@@ -168,6 +170,28 @@ async fn read_for(
     (all.len() as f64 / run.as_secs_f64(), pct(0.50), pct(0.99))
 }
 
+/// CPU spent since `before` per thread group, in µs per transaction of `count` (groups with
+/// less than 0.05 µs left out). Only the batched pool runs while it is measured; the other
+/// pools' threads are idle.
+fn cpu_per_tx(before: &std::collections::BTreeMap<String, Duration>, count: usize) -> Vec<(String, f64)> {
+    let after = sluice_bench::stats::thread_cpu_times().unwrap_or_default();
+    after
+        .into_iter()
+        .map(|(group, t)| {
+            let spent = t.saturating_sub(before.get(&group).copied().unwrap_or_default());
+            // The main thread is named after the bench binary (`mempool-<hash>`).
+            let ours = ["mempool-verify", "mempool-writer"];
+            let group = if group.starts_with("mempool-") && !ours.contains(&group.as_str()) {
+                "bench main".into()
+            } else {
+                group
+            };
+            (group, spent.as_secs_f64() * 1e6 / count as f64)
+        })
+        .filter(|(_, us)| *us >= 0.05)
+        .collect()
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -189,7 +213,9 @@ fn main() {
         let normal_pool = mempool(Sync::Os, dir.path(), "normal.journal", 0).await;
         let normal = insert_batched(&normal_pool, &batch_c, 512).await;
         let batched_pool = mempool(Sync::Os, dir.path(), "batched.journal", 10).await;
+        let cpu_before = sluice_bench::stats::thread_cpu_times().unwrap_or_default();
         let batched = insert_batched(&batched_pool, &batch_b, 512).await;
+        let cpu = cpu_per_tx(&cpu_before, batch_b.len());
         let fsync_pool = mempool(Sync::Always, dir.path(), "fsync.journal", 10).await;
         let fsync = insert_batched(&fsync_pool, &batch_a[quarter..], 512).await;
 
@@ -214,6 +240,17 @@ fn main() {
         println!("| insert, single (1 submitter, 5,000 txs) | {single:.0} tx/s |");
         println!("| insert, batched (512 submitters, 20,000 txs; verify_nice = 10, the default) | {batched:.0} tx/s |");
         println!("| batched / single | {:.1}× |", batched / single);
+        println!("| batched / decode + recover on 2 threads (the ceiling) | {:.2}× |", batched / decode_2);
+        println!("| CPU per transaction, decode + recover alone (1 thread) | {:.1} µs |", 1e6 / decode_1);
+        for (group, us) in &cpu {
+            println!("| CPU per transaction in batched insert, {group} threads | {us:.1} µs |");
+        }
+        // By CPU rather than wall time: steadier on a shared machine, whose speed drifts
+        // between the ceiling's run and the intake's.
+        let intake_us: f64 = cpu.iter().filter(|(g, _)| g != "bench main").map(|(_, us)| us).sum();
+        let beyond: f64 = cpu.iter().filter(|(g, _)| g != "bench main" && g != "mempool-verify").map(|(_, us)| us).sum();
+        println!("| CPU per transaction in batched insert beyond the verifiers (writer, async) | {beyond:.1} µs |");
+        println!("| decode + recover alone / whole intake, by CPU per transaction | {:.2}× |", 1e6 / decode_1 / intake_us);
         println!("| insert, batched, verifiers at normal priority (verify_nice = 0) | {normal:.0} tx/s |");
         println!("| insert, batched, fsync per batch (15,000 txs) | {fsync:.0} tx/s |");
         println!("| reads alone (2 readers) | {alone_rate:.0} reads/s, p50 {alone_p50:?}, p99 {alone_p99:?} |");

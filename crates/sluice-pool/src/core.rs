@@ -14,6 +14,7 @@ use sluice_upstream::Upstreams;
 use tokio::sync::{oneshot, Semaphore};
 
 use crate::config::MempoolConfig;
+use crate::intake::Ticket;
 use crate::seams::{Origin, SubmitError};
 use crate::state::StateReader;
 use crate::status::{Statuses, TxStatus};
@@ -37,7 +38,7 @@ pub(crate) struct Core {
     pub upstream: Arc<dyn Upstreams>,
     pub config: MempoolConfig,
     pub inflight: Semaphore,
-    pub verifier: Verifier,
+    pub verifier: Verifier<Ticket>,
 }
 
 impl Core {
@@ -63,15 +64,11 @@ impl Core {
         };
         let rules = self.rules.load_full().ok_or_else(unknown_chain)?;
         // Decoding and sender recovery run on the verifier threads, in parallel, before
-        // anything is locked, and beside (not in front of) the readers.
-        let verified = self.verifier.verify(raw.clone(), rules, origin.admission()).await;
-        let (tx, envelope) = verified.map_err(|e| self.refused(e))?;
-        let hash = tx.hash;
-        if self.snapshot.load().by_hash.contains_key(&hash) {
-            return Ok(hash);
-        }
-        let (nonce, balance) = self.state.get(tx.sender).await.map_err(SubmitError::Unavailable)?;
-        let answer = self.insert(Pooled { tx, raw, envelope }, nonce, balance, journal)?;
+        // anything is locked, and beside (not in front of) the readers; the intake stage then
+        // attaches the sender's state and hands it to the writer. One answer comes back.
+        let (reply, answer) = oneshot::channel();
+        let ticket = Ticket { raw: raw.clone(), journal, reply };
+        self.verifier.verify_then(raw, rules, origin.admission(), ticket).await.map_err(|e| self.refused(e))?;
         let result = answer.await.map_err(|_| stopping())?;
         self.settle(hash, origin, result)
     }
@@ -83,7 +80,7 @@ impl Core {
         nonce: u64,
         balance: alloy_primitives::U256,
         journal: bool,
-    ) -> Result<oneshot::Receiver<Result<B256, InsertError>>, SubmitError> {
+    ) -> Result<oneshot::Receiver<Result<B256, SubmitError>>, SubmitError> {
         let (reply, answer) = oneshot::channel();
         let submission = Submission { pooled: Arc::new(pooled), nonce, balance, journal, reply: Some(reply) };
         self.commands.send(Command::Insert(submission)).map_err(|_| stopping())?;
@@ -105,19 +102,19 @@ impl Core {
         }
     }
 
-    /// The writer's answer as the submitter sees it.
-    fn settle(&self, hash: B256, origin: Origin, result: Result<B256, InsertError>) -> Result<B256, SubmitError> {
+    /// The answer as the submitter sees it.
+    fn settle(&self, hash: B256, origin: Origin, result: Result<B256, SubmitError>) -> Result<B256, SubmitError> {
         match result {
-            Ok(_) | Err(InsertError::AlreadyKnown) => {
+            Ok(_) | Err(SubmitError::Refused(InsertError::AlreadyKnown)) => {
                 tracing::debug!(%hash, ?origin, "transaction pooled");
                 Ok(hash)
             }
-            Err(e @ InsertError::NonceTooLow { .. }) if origin == Origin::Reorg => {
+            Err(e @ SubmitError::Refused(InsertError::NonceTooLow { .. })) if origin == Origin::Reorg => {
                 // Included again by the new chain.
                 self.statuses.record(hash, TxStatus::Mined { block: None });
-                Err(e.into())
+                Err(e)
             }
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 

@@ -6,15 +6,17 @@
 //! * [`relay::verdict`]: what a node's answer to a relayed transaction means.
 //!
 //! Around them, at the edges:
-//! * [`Mempool`] (the [`TxIntake`] and [`PoolView`] seams): decode and recover in the
-//!   submitter's task, account state from the upstreams ([`state`]), one writer thread that
-//!   batches inserts, journals ([`journal`]) and publishes a lock-free [`Snapshot`];
+//! * [`Mempool`] (the [`TxIntake`] and [`PoolView`] seams): decoding and sender recovery on
+//!   niced verifier threads ([`verify`]), an intake stage that attaches account state from the
+//!   upstreams ([`state`]) a verifier turn at a time, one writer thread that batches inserts,
+//!   journals ([`journal`]) and publishes a lock-free [`Snapshot`];
 //! * [`MempoolLayer`]: the pool's JSON-RPC methods as a layer over the upstreams;
 //! * relay and head maintenance tasks.
 
 mod config;
 mod core;
 pub mod decode;
+mod intake;
 pub mod journal;
 mod maintain;
 mod pool;

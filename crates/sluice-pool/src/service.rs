@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::MempoolConfig;
 use crate::core::Core;
+use crate::intake::Intake;
 use crate::journal::Journal;
 use crate::seams::{Origin, PoolView, SubmitError, TxIntake};
 use crate::state::StateReader;
@@ -70,6 +71,7 @@ impl Mempool {
         let pool = Pool::new(config.pool.clone());
         let writer = Writer {
             network: config.network.clone(),
+            accepted: metrics::counter!("sluice_mempool_accepted_total", "network" => config.network.clone()),
             pool,
             journal,
             snapshot: snapshot.clone(),
@@ -89,9 +91,16 @@ impl Mempool {
             .name("mempool-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| format!("cannot start the mempool writer: {e}"))?;
-        let verifier = Verifier::start(config.verify_threads, config.verify_queue, config.verify_nice)
+        let (groups, verified) = tokio::sync::mpsc::unbounded_channel();
+        let verifier = Verifier::start(config.verify_threads, config.verify_queue, config.verify_nice, groups)
             .map_err(|e| format!("cannot start the mempool verifiers: {e}"))?;
         let state = StateReader::spawn(upstream.clone(), feed.view.clone(), config.state_timeout);
+        let intake = Intake {
+            snapshot: snapshot.clone(),
+            state: state.clone(),
+            commands: commands.clone(),
+            network: config.network.clone(),
+        };
         let core = Arc::new(Core {
             rules: ArcSwapOption::empty(),
             snapshot,
@@ -110,6 +119,7 @@ impl Mempool {
             tasks: Default::default(),
             writer: std::sync::Mutex::new(Some(writer)),
         });
+        mempool.spawn(crate::intake::run(intake, verified));
         if mempool.core.config.relay {
             mempool.spawn(crate::relay::run(mempool.core.clone(), relay_rx));
         }
@@ -278,13 +288,13 @@ impl Mempool {
         self.pending_events.subscribe()
     }
 
-    /// Where a transaction is: pooled (pending or queued), or why it left.
     /// Whether the pool saw `hash` mined (a receipt for it exists on the canonical chain, unless
     /// a reorg dropped it since).
     pub fn saw_mined(&self, hash: &B256) -> bool {
         matches!(self.core.statuses.get(hash), Some(crate::status::TxStatus::Mined { .. }))
     }
 
+    /// Where a transaction is: pooled (pending or queued), or why it left.
     pub fn status_of(&self, hash: &B256) -> serde_json::Value {
         let snapshot = self.snapshot();
         if let Some(p) = snapshot.by_hash.get(hash) {

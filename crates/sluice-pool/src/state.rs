@@ -43,13 +43,22 @@ impl StateReader {
         Self { requests, cache, head }
     }
 
+    /// The current head's key: height and reorg epoch (a reorg back to the same height is
+    /// another head).
+    fn head(&self) -> (u64, u64) {
+        let view = self.head.borrow();
+        (view.latest().map_or(0, |(n, _)| n), view.epoch)
+    }
+
+    /// The sender's state at the current head when it was read already (no waiting).
+    pub fn cached(&self, address: Address) -> Option<AccountState> {
+        let head = self.head();
+        self.cache.get(&(head.0, head.1, address))
+    }
+
     /// The sender's state at the current head.
     pub async fn get(&self, address: Address) -> Result<AccountState, String> {
-        // Keyed by height and reorg epoch: a reorg back to the same height is another head.
-        let head = {
-            let view = self.head.borrow();
-            (view.latest().map_or(0, |(n, _)| n), view.epoch)
-        };
+        let head = self.head();
         if let Some(state) = self.cache.get(&(head.0, head.1, address)) {
             return Ok(state);
         }

@@ -67,13 +67,18 @@ pub struct SenderView {
     pub queued: Vec<Arc<Pooled>>,
 }
 
+/// A persistent (copy-on-write) map keyed by `N` bytes: hashes and addresses are already
+/// uniform, so they are hashed with alloy's fixed-bytes hasher rather than SipHash.
+pub type PersistentMap<K, V, const N: usize> =
+    imbl::GenericHashMap<K, V, alloy_primitives::map::FbBuildHasher<N>, imbl::shared_ptr::DefaultSharedPtr>;
+
 /// The pool as of one published batch.
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
     /// Every pooled transaction by hash.
-    pub by_hash: imbl::HashMap<B256, Arc<Pooled>>,
+    pub by_hash: PersistentMap<B256, Arc<Pooled>, 32>,
     /// Every sender with pooled transactions.
-    pub senders: imbl::HashMap<Address, Arc<SenderView>>,
+    pub senders: PersistentMap<Address, Arc<SenderView>, 20>,
     /// Pending and queued counts.
     pub status: Status,
     /// The base fee executability was judged by.

@@ -10,16 +10,17 @@
 //! out after publishing. The thread never waits on the network: account state is fetched
 //! before a submission reaches it, and relaying happens elsewhere.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
+use alloy_primitives::map::{AddressSet, B256Map};
 use alloy_primitives::{Address, Bytes, B256, U256};
 use arc_swap::ArcSwap;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::journal::Journal;
+use crate::seams::SubmitError;
 use crate::status::{Statuses, TxStatus};
 use crate::view::{Pooled, SenderView, Snapshot};
 use crate::{InsertError, Pool};
@@ -28,7 +29,7 @@ use crate::{InsertError, Pool};
 pub const MAX_BATCH: usize = 1024;
 
 /// An answer to a submitter, sent once the snapshot is published.
-type Reply = (oneshot::Sender<Result<B256, InsertError>>, Result<B256, InsertError>);
+type Reply = (oneshot::Sender<Result<B256, SubmitError>>, Result<B256, InsertError>);
 
 /// One validated transaction with its sender's account state at the head.
 pub(crate) struct Submission {
@@ -37,12 +38,14 @@ pub(crate) struct Submission {
     pub balance: U256,
     /// False for transactions replayed from the journal (already in it).
     pub journal: bool,
-    pub reply: Option<oneshot::Sender<Result<B256, InsertError>>>,
+    pub reply: Option<oneshot::Sender<Result<B256, SubmitError>>>,
 }
 
 /// What the writer is asked to do.
 pub(crate) enum Command {
     Insert(Submission),
+    /// Several at once (a group from the intake stage).
+    Inserts(Vec<Submission>),
     /// A new block: senders' nonces moved, and the base fee for the next block.
     Block {
         number: u64,
@@ -79,6 +82,8 @@ pub(crate) enum Command {
 pub(crate) struct Writer {
     /// The network's id, for the metrics' `network` label.
     pub network: String,
+    /// `sluice_mempool_accepted_total` for this network, registered once (one per insert).
+    pub accepted: metrics::Counter,
     pub pool: Pool,
     pub journal: Option<Journal>,
     pub snapshot: Arc<ArcSwap<Snapshot>>,
@@ -88,11 +93,11 @@ pub(crate) struct Writer {
     pub relay: mpsc::Sender<Arc<Pooled>>,
     pub pending_events: broadcast::Sender<Arc<Pooled>>,
     /// The pooled transactions with their bytes and envelopes.
-    pub txs: HashMap<B256, Arc<Pooled>>,
+    pub txs: B256Map<Arc<Pooled>>,
     /// Records in the journal since it was last compacted.
     pub journal_records: usize,
     /// Senders whose transactions left since the last publish.
-    pub dirty: HashSet<Address>,
+    pub dirty: AddressSet,
     /// Hash index changes since the last publish, in order: the snapshot's index is updated
     /// by exactly these (persistent maps copy a path per write, so no write is wasted).
     pub index: Vec<IndexChange>,
@@ -113,7 +118,7 @@ pub(crate) enum IndexChange {
 /// What one batch changed, to publish.
 #[derive(Default)]
 struct Changes {
-    touched: HashSet<Address>,
+    touched: AddressSet,
     all: bool,
 }
 
@@ -152,6 +157,7 @@ impl Writer {
         for command in batch.drain(..) {
             match command {
                 Command::Insert(s) => inserts.push(s),
+                Command::Inserts(many) => inserts.extend(many),
                 Command::Block { number, advanced, base_fee, reply } => {
                     let mined = self.apply_block(number, &advanced, base_fee, &mut changes);
                     block_replies.push((reply, mined));
@@ -193,7 +199,7 @@ impl Writer {
         let replies = self.insert_all(inserts, &mut changes);
         self.publish(changes);
         for (reply, result) in replies {
-            let _ = reply.send(result);
+            let _ = reply.send(result.map_err(SubmitError::Refused));
         }
         for (reply, mined) in block_replies {
             let _ = reply.send(mined);
@@ -311,7 +317,7 @@ impl Writer {
         }
         self.forget(&done.evicted, TxStatus::Evicted);
         self.forget(&done.mined, TxStatus::Mined { block: None });
-        metrics::counter!("sluice_mempool_accepted_total", "network" => self.network.clone()).increment(1);
+        self.accepted.increment(1);
         hash
     }
 
@@ -371,9 +377,16 @@ impl Writer {
                 list.iter().filter_map(|t| self.txs.get(&t.hash).cloned()).collect()
             };
             let view = SenderView { pending_nonce, pending: lookup(pending), queued: lookup(queued) };
-            let was_pending: HashSet<B256> =
-                before.map(|v| v.pending.iter().map(|p| p.tx.hash).collect()).unwrap_or_default();
-            newly_pending.extend(view.pending.iter().filter(|p| !was_pending.contains(&p.tx.hash)).cloned());
+            // Both lists are in nonce order: a transaction was pending before when the old list
+            // has it at its nonce.
+            let was_pending = |p: &Arc<Pooled>| {
+                before.is_some_and(|v| {
+                    v.pending
+                        .binary_search_by_key(&p.tx.nonce, |q| q.tx.nonce)
+                        .is_ok_and(|i| v.pending[i].tx.hash == p.tx.hash)
+                })
+            };
+            newly_pending.extend(view.pending.iter().filter(|p| !was_pending(p)).cloned());
             next.senders.insert(sender, Arc::new(view));
         }
         next.status = self.pool.status();
@@ -420,15 +433,16 @@ mod tests {
     fn writer(journal: Journal) -> Writer {
         Writer {
             network: "test".into(),
+            accepted: metrics::Counter::noop(),
             pool: Pool::new(crate::Config::default()),
             journal: Some(journal),
             snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
             statuses: Statuses::new(1024),
             relay: mpsc::channel(16).0,
             pending_events: broadcast::channel(16).0,
-            txs: HashMap::new(),
+            txs: B256Map::default(),
             journal_records: 0,
-            dirty: HashSet::new(),
+            dirty: AddressSet::default(),
             index: Vec::new(),
             replaying: false,
             unsettled: Vec::new(),
@@ -436,7 +450,7 @@ mod tests {
     }
 
     /// Inserts through the writer as a submitter would; its answer.
-    fn submit(writer: &mut Writer, signed: &SignedTx) -> Result<B256, InsertError> {
+    fn submit(writer: &mut Writer, signed: &SignedTx) -> Result<B256, SubmitError> {
         let rules = Rules::default();
         let raw = alloy_primitives::Bytes::from(signed.raw.clone());
         let (tx, envelope) = decode(&raw, &rules, Instant::now()).expect("a valid transaction");
@@ -462,7 +476,7 @@ mod tests {
         let replacement = wallet.transfer(0, to, 1, bumped);
         assert_eq!(submit(&mut writer, &first), Ok(first.hash));
         writer.journal.as_mut().unwrap().fail_after = Some(0);
-        assert!(matches!(submit(&mut writer, &replacement), Err(InsertError::Journal(_))));
+        assert!(matches!(submit(&mut writer, &replacement), Err(SubmitError::Refused(InsertError::Journal(_)))));
         let snapshot = writer.snapshot.load_full();
         assert!(snapshot.by_hash.contains_key(&first.hash), "the acknowledged transaction is still readable");
         assert!(!snapshot.by_hash.contains_key(&replacement.hash));

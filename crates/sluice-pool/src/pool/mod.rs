@@ -11,10 +11,11 @@
 //!   queued before pending, a sender's highest nonce first (never its lower ones), priority
 //!   senders never. A newcomer that pays less than everything it could displace is refused.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use alloy_primitives::map::{AddressMap, B256Map};
 use alloy_primitives::{Address, B256, U256};
 
 /// One transaction, as the pool needs it (decoded and with its sender recovered).
@@ -187,14 +188,14 @@ impl Sender {
 #[derive(Debug, Default)]
 pub struct Pool {
     config: Config,
-    senders: HashMap<Address, Sender>,
-    by_hash: HashMap<B256, Arc<PoolTx>>,
+    senders: AddressMap<Sender>,
+    by_hash: B256Map<Arc<PoolTx>>,
     base_fee: u128,
     /// Sum of the senders' cached `pending`: keeps [`Pool::status`] O(1).
     pending_total: usize,
     /// While a checkpoint is open: each changed sender as it was before its first change
     /// (`None`: it had no transactions).
-    undo: Option<HashMap<Address, Option<Sender>>>,
+    undo: Option<AddressMap<Option<Sender>>>,
 }
 
 impl Pool {
@@ -276,7 +277,7 @@ impl Pool {
     /// Starts recording changes, so that [`Pool::rollback`] can undo them (the writer
     /// inserts a batch, and undoes it when the journal cannot take it).
     pub fn checkpoint(&mut self) {
-        self.undo = Some(HashMap::new());
+        self.undo = Some(AddressMap::default());
     }
 
     /// Keeps the changes since [`Pool::checkpoint`].

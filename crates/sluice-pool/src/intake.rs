@@ -1,0 +1,137 @@
+//! The intake stage: one task between the verifier threads and the single writer.
+//!
+//! A submitter hands its transaction to the verifiers with a [`Ticket`] and waits for one
+//! answer. The verifiers send their results a turn at a time; this stage answers what needs no
+//! writer (undecodable, already pooled), attaches each sender's account state, and hands the
+//! rest to the writer as one command. Under load, a turn holds many transactions: one wake-up
+//! of this task and one writer batch per turn, not two task wake-ups and a writer wake-up per
+//! transaction, which cost about as much as the sender recovery they surround.
+//!
+//! States already read at the current head are attached at once. The others are read in one
+//! upstream batch by a task of their own (it ends within the state timeout), so a slow node
+//! holds up only the transactions that wait for it; a sender's transactions in one turn all
+//! take the same path, so their order is kept.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use alloy_primitives::{Address, Bytes, B256, U256};
+use arc_swap::ArcSwap;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::seams::SubmitError;
+use crate::state::StateReader;
+use crate::verify::{Group, Verified};
+use crate::view::{Pooled, Snapshot};
+use crate::writer::{Command, Submission};
+use crate::DecodeError;
+
+/// What travels with a transaction through the verifiers: its bytes, whether to journal it,
+/// and where its answer goes.
+pub(crate) struct Ticket {
+    pub raw: Bytes,
+    /// False for records replayed from the journal (already in it).
+    pub journal: bool,
+    pub reply: oneshot::Sender<Result<B256, SubmitError>>,
+}
+
+/// What the stage reads and writes to.
+pub(crate) struct Intake {
+    pub snapshot: Arc<ArcSwap<Snapshot>>,
+    pub state: StateReader,
+    pub commands: std::sync::mpsc::Sender<Command>,
+    /// The network's id, for the metrics' `network` label.
+    pub network: String,
+}
+
+/// Verifier groups taken per pass at most.
+const GROUPS: usize = 64;
+
+/// Runs until the verifiers are gone (every group sender dropped) or the task is ended.
+pub(crate) async fn run(intake: Intake, mut groups: mpsc::UnboundedReceiver<Group<Ticket>>) {
+    let mut taken = Vec::with_capacity(GROUPS);
+    while groups.recv_many(&mut taken, GROUPS).await > 0 {
+        intake.take(taken.drain(..).flatten());
+    }
+}
+
+/// A verified transaction still waiting for its sender's account state.
+type Unread = (Pooled, bool, oneshot::Sender<Result<B256, SubmitError>>);
+
+impl Intake {
+    /// Answers or forwards one pass of verified transactions.
+    fn take(&self, results: impl Iterator<Item = (Result<Verified, DecodeError>, Ticket)>) {
+        let snapshot = self.snapshot.load();
+        let mut ready = Vec::new();
+        let mut unread: Vec<Unread> = Vec::new();
+        for (verified, ticket) in results {
+            let (tx, envelope) = match verified {
+                Ok(verified) => verified,
+                Err(e) => {
+                    metrics::counter!(
+                        "sluice_mempool_refused_total", "network" => self.network.clone(), "reason" => e.label()
+                    )
+                    .increment(1);
+                    let _ = ticket.reply.send(Err(e.into()));
+                    continue;
+                }
+            };
+            // Pooled while it was being verified (a peer sent it too).
+            if snapshot.by_hash.contains_key(&tx.hash) {
+                let _ = ticket.reply.send(Ok(tx.hash));
+                continue;
+            }
+            let pooled = Pooled { tx, raw: ticket.raw, envelope };
+            match self.state.cached(pooled.tx.sender) {
+                Some((nonce, balance)) => ready.push(submission(pooled, nonce, balance, ticket.journal, ticket.reply)),
+                None => unread.push((pooled, ticket.journal, ticket.reply)),
+            }
+        }
+        send(&self.commands, ready);
+        if !unread.is_empty() {
+            let (state, commands) = (self.state.clone(), self.commands.clone());
+            tokio::spawn(async move { send(&commands, with_state(&state, unread).await) });
+        }
+    }
+}
+
+/// Reads the senders' states (one upstream batch for all of them); those that cannot be read
+/// are answered as unavailable.
+async fn with_state(state: &StateReader, unread: Vec<Unread>) -> Vec<Submission> {
+    let mut senders: Vec<Address> = unread.iter().map(|(p, _, _)| p.tx.sender).collect();
+    senders.sort_unstable();
+    senders.dedup();
+    let states: HashMap<Address, Result<(u64, U256), String>> =
+        senders.iter().copied().zip(state.get_many(&senders).await).collect();
+    let mut ready = Vec::with_capacity(unread.len());
+    for (pooled, journal, reply) in unread {
+        match states.get(&pooled.tx.sender) {
+            Some(Ok((nonce, balance))) => ready.push(submission(pooled, *nonce, *balance, journal, reply)),
+            Some(Err(e)) => {
+                let _ = reply.send(Err(SubmitError::Unavailable(e.clone())));
+            }
+            None => {
+                let _ = reply.send(Err(SubmitError::Unavailable("no account state read".into())));
+            }
+        }
+    }
+    ready
+}
+
+fn submission(
+    pooled: Pooled,
+    nonce: u64,
+    balance: U256,
+    journal: bool,
+    reply: oneshot::Sender<Result<B256, SubmitError>>,
+) -> Submission {
+    Submission { pooled: Arc::new(pooled), nonce, balance, journal, reply: Some(reply) }
+}
+
+/// Hands the submissions to the writer as one command. A writer gone drops them, and their
+/// submitters see the mempool stopping.
+fn send(commands: &std::sync::mpsc::Sender<Command>, ready: Vec<Submission>) {
+    if !ready.is_empty() {
+        let _ = commands.send(Command::Inserts(ready));
+    }
+}
