@@ -254,7 +254,7 @@ mod tests {
         assert_eq!(tx.nonce, 500);
         let mut seen = vec![0; 100];
         let mut largest = 0;
-        while seen.iter().any(|n| *n == 0) {
+        while seen.contains(&0) {
             let group = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
                 .await
                 .expect("all groups within 10 s")
