@@ -126,6 +126,12 @@ async fn a_request_is_one_trace_with_a_span_per_layer_and_per_upstream_exchange(
     let http = reqwest::Client::new();
     let url = sluice.http_url();
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": ["0x0", false]});
+    // Until sluice knows a head, a block by number cannot be judged final and passes
+    // uncached: wait for the head, so the first call is a miss and the second a hit.
+    eventually(Duration::from_secs(10), "the head is known", || async {
+        common::status(&http, &sluice).await["best_head"].is_u64()
+    })
+    .await;
     // Block 0 twice: a miss that reaches the node, then a hit answered from memory.
     for _ in 0..2 {
         let answer = call_with_traceparent(&http, &url, call.clone()).await;
