@@ -52,6 +52,17 @@ pub struct IngestArgs {
 
 /// Runs `sluice bench ingest`.
 pub async fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
+    let summary = ingest(&args).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", summary.human());
+    }
+    Ok(())
+}
+
+/// Funds (with `fund`), signs and sends the transactions of `args`; the run's summary.
+pub async fn ingest(args: &IngestArgs) -> anyhow::Result<crate::stats::Summary> {
     anyhow::ensure!(args.url.starts_with("http://"), "{}: use an http:// URL", args.url);
     anyhow::ensure!(args.rate > 0.0 && args.senders > 0, "--rate and --senders must be more than zero");
     let node = HttpUpstream::new(HttpUpstreamConfig {
@@ -96,13 +107,7 @@ pub async fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         sequence: Some(Arc::new(sequence)),
     };
     eprintln!("sending {total} transactions at {}/s", args.rate);
-    let summary = run::run(&plan).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else {
-        print!("{}", summary.human());
-    }
-    Ok(())
+    run::run(&plan).await
 }
 
 async fn chain_id(node: &HttpUpstream) -> anyhow::Result<u64> {

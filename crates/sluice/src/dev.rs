@@ -42,16 +42,18 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Starts anvil on `port` (on chain `chain_id`, anvil's 31337 by default) and waits until it
-/// answers JSON-RPC. The child is killed on drop.
+/// Starts anvil on `port` (on chain `chain_id`, anvil's 31337 by default; with `extra`
+/// arguments such as `--no-mining`) and waits until it answers JSON-RPC. The child is killed
+/// on drop.
 pub async fn start_anvil(
     anvil: &Path,
     port: u16,
     block_time: Option<u64>,
     chain_id: Option<u64>,
+    extra: &[&str],
 ) -> anyhow::Result<Child> {
     let mut command = Command::new(anvil);
-    command.args(["--host", "127.0.0.1", "--port", &port.to_string()]);
+    command.args(["--host", "127.0.0.1", "--port", &port.to_string()]).args(extra);
     if let Some(chain_id) = chain_id {
         command.args(["--chain-id", &chain_id.to_string()]);
     }

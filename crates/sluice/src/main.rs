@@ -217,7 +217,7 @@ async fn run(command: Command, loaded: Option<config::Config>) -> anyhow::Result
                     _ => dev::free_port()?,
                 };
                 let chain_id = dev::FIRST_CHAIN_ID + i;
-                children.push(dev::start_anvil(&anvil, port, block_time, Some(chain_id)).await?);
+                children.push(dev::start_anvil(&anvil, port, block_time, Some(chain_id), &[]).await?);
                 let url = format!("http://127.0.0.1:{port}");
                 println!("anvil devnet on {url} (chain id {chain_id}; {})", anvil.display());
                 urls.push(url);

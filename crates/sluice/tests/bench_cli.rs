@@ -118,6 +118,12 @@ fn the_report_writes_sane_figures_fast() {
         "20",
         "--mesh-pairs",
         "false",
+        "--mempool-mesh-nodes",
+        "3",
+        "--mempool-mesh-txs",
+        "40",
+        "--mempool-mesh-rate",
+        "100",
         "--ws-clients",
         "20",
         "--ws-blocks",
@@ -201,6 +207,20 @@ fn the_report_writes_sane_figures_fast() {
     assert_eq!((number(&mesh[0][1]), number(&mesh[0][5])), (5.0, 0.0), "5 nodes, none lost: {mesh:?}");
     assert!(number(&mesh[0][4]) > 0.0, "{mesh:?}");
     assert!(number(&mesh[0][14]) >= 100.0, "real signed transfers, not stand-in bytes: {mesh:?}");
+
+    // g′: three real mempools in a line, each holding all 40 transfers, nothing failed.
+    let (_, line) = find("nodes (line)");
+    assert_eq!(line.len(), 1);
+    let row = &line[0];
+    assert_eq!(number(&row[0]), 3.0, "{row:?}");
+    assert_eq!(numbers(&row[1]), vec![40.0, 40.0], "all acknowledged: {row:?}");
+    assert_eq!(numbers(&row[2]), vec![40.0; 3], "every pool holds every transaction: {row:?}");
+    assert!(number(&row[3]) > 0.0 && number(&row[4]) >= number(&row[3]) * 0.5, "{row:?}");
+    assert_eq!(number(&row[5]), 0.0, "no mesh message failed: {row:?}");
+    assert!(numbers(&row[6]).iter().all(|mib| *mib > 1.0), "each process's memory: {row:?}");
+    let headline_line =
+        headline.iter().find(|r| r[0].starts_with("mesh through 3 real mempools")).expect("g′ headline");
+    assert_eq!(number(&headline_line[1]), number(&row[4]));
 
     // h: 20 clients, 3 blocks: every head delivered once, nobody closed, one upstream socket.
     let (_, ws) = find("clients");

@@ -3,6 +3,7 @@
 //! `benchmarks.md` and SVG plots. Every figure in it comes from this run.
 
 mod chain;
+mod mempools;
 mod page;
 mod sections;
 
@@ -61,6 +62,15 @@ pub struct ReportArgs {
     /// Also run the mesh's batching on/off pairs (50 nodes under load; 3 nodes × 10k at once).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub mesh_pairs: bool,
+    /// sluice processes in a line for the mesh through real mempools (scenario g′); `0` skips it.
+    #[arg(long, default_value_t = 5)]
+    pub mempool_mesh_nodes: usize,
+    /// Signed transfers sent into the first of them.
+    #[arg(long, default_value_t = 1000)]
+    pub mempool_mesh_txs: u64,
+    /// The rate they are sent at, per second.
+    #[arg(long, default_value_t = 200.0)]
+    pub mempool_mesh_rate: f64,
     /// WebSocket clients for the subscription fan-out (scenario h); `0` skips it.
     #[arg(long, default_value_t = 2000)]
     pub ws_clients: usize,
@@ -106,24 +116,39 @@ async fn spawn_sluice(upstream: &str, cache: bool) -> anyhow::Result<(Child, Str
 /// Reads a child's stdout up to the line starting with `prefix` and returns the rest of that
 /// line; the lines after it are read and dropped, so the child never blocks on a full pipe.
 pub(super) async fn listening_line(child: &mut Child, prefix: &str) -> anyhow::Result<String> {
-    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-    let mut lines = BufReader::new(stdout).lines();
-    while let Some(line) = lines.next_line().await? {
-        if let Some(rest) = line.strip_prefix(prefix) {
-            let rest = rest.trim().to_owned();
-            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-            return Ok(rest);
-        }
-    }
-    anyhow::bail!("exited before printing {prefix:?}")
+    Ok(listening_lines(child, &[prefix]).await?.remove(0))
 }
 
-/// Reads one metric from sluice's /metrics over a plain socket.
+/// [`listening_line`] for several lines: the rest of the first line starting with each of
+/// `prefixes`, in that order, whatever order the child prints them in.
+pub(super) async fn listening_lines(child: &mut Child, prefixes: &[&str]) -> anyhow::Result<Vec<String>> {
+    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let mut found: Vec<Option<String>> = vec![None; prefixes.len()];
+    while let Some(line) = lines.next_line().await? {
+        for (prefix, slot) in prefixes.iter().zip(found.iter_mut()) {
+            if let (None, Some(rest)) = (&slot, line.strip_prefix(prefix)) {
+                *slot = Some(rest.trim().to_owned());
+            }
+        }
+        if found.iter().all(Option::is_some) {
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            return Ok(found.into_iter().flatten().collect());
+        }
+    }
+    anyhow::bail!("exited before printing {prefixes:?}")
+}
+
 /// sluice's /metrics text, over a plain socket.
 async fn metrics_text(url: &str) -> Option<String> {
+    get_text(url, "/metrics").await
+}
+
+/// A GET of `path` over a plain HTTP/1.0 socket: the whole answer, head included.
+pub(super) async fn get_text(url: &str, path: &str) -> Option<String> {
     let addr = url.strip_prefix("http://")?;
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.ok()?;
     let mut text = String::new();
     stream.read_to_string(&mut text).await.ok()?;
     Some(text)
@@ -170,6 +195,8 @@ async fn pair(case: String, sluice: &str, direct: &str, model: Model, cell: Dura
 /// Runs `sluice bench report`.
 pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!args.concurrency.is_empty(), "--concurrency needs at least one level");
+    anyhow::ensure!(args.mempool_mesh_nodes != 1, "--mempool-mesh-nodes: 0 (skip it) or at least 2");
+    anyhow::ensure!(args.mempool_mesh_rate > 0.0, "--mempool-mesh-rate must be more than zero");
     let baseline = match &args.baseline {
         Some(p) if p.as_os_str() == "none" => None,
         given => Some(sections::find_baseline(given.as_deref())?),
@@ -178,7 +205,7 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
     let version = Command::new(&anvil_path).arg("--version").output().await?;
     args.anvil_version = String::from_utf8_lossy(&version.stdout).lines().next().unwrap_or("unknown").trim().to_owned();
     let port = dev::free_port()?;
-    let _anvil = dev::start_anvil(&anvil_path, port, None, None).await?;
+    let _anvil = dev::start_anvil(&anvil_path, port, None, None, &[]).await?;
     let anvil = format!("http://127.0.0.1:{port}");
     let node = HttpUpstream::new(HttpUpstreamConfig {
         name: "report".into(),
@@ -325,6 +352,14 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
         Some(sections::mesh_section(&args.mesh_nodes, args.mesh_txs, args.mesh_pairs).await?)
     };
 
+    let mempool_mesh = if args.mempool_mesh_nodes == 0 {
+        None
+    } else {
+        eprintln!("scenario g′: the peer mesh through {} real mempools", args.mempool_mesh_nodes);
+        let (nodes, txs, rate) = (args.mempool_mesh_nodes, args.mempool_mesh_txs, args.mempool_mesh_rate);
+        Some(mempools::section(&anvil_path, nodes, txs, rate).await?)
+    };
+
     let ws = match (args.ws_clients, _cached_child.id()) {
         (0, _) | (_, None) => None,
         (clients, Some(pid)) => {
@@ -343,6 +378,7 @@ pub async fn run_report(mut args: ReportArgs) -> anyhow::Result<()> {
         ramp: ramp_row,
         quic,
         mesh,
+        mempool_mesh,
         ws,
     };
     page::write(&args, &figures)

@@ -23,6 +23,8 @@ pub(super) struct Figures {
     pub ramp: Row,
     pub quic: Option<(String, sluice_bench::quic::RttArgs)>,
     pub mesh: Option<String>,
+    /// g′: the mesh through real mempools.
+    pub mempool_mesh: Option<super::mempools::MempoolMesh>,
     pub ws: Option<String>,
 }
 
@@ -65,6 +67,13 @@ fn headline(f: &Figures) -> String {
         (sustained(&f.ramp.direct.series, RAMP_P99_BOUND_US), sustained(&f.ramp.sluice.series, RAMP_P99_BOUND_US));
     let _ =
         writeln!(out, "| ramp, highest sustained ok/s, sluice / anvil | {} | b |", ratio(v.rate as f64, d.rate as f64));
+    if let Some(m) = &f.mempool_mesh {
+        let _ = writeln!(
+            out,
+            "| mesh through {} real mempools in a line, s until every pool holds every transaction | {:.2} s | g′ |",
+            m.nodes, m.everyone_s
+        );
+    }
     out.push_str("\nEach section below gives the command that reproduces its rows.\n\n");
     out
 }
@@ -151,6 +160,9 @@ pub(super) fn write(args: &ReportArgs, f: &Figures) -> anyhow::Result<()> {
     }
     if let Some(mesh) = &f.mesh {
         md.push_str(mesh);
+    }
+    if let Some(section) = &f.mempool_mesh {
+        md.push_str(&section.markdown);
     }
     if !sluice_bench::STAND_INS {
         md.push_str(

@@ -45,7 +45,7 @@ async fn spawn_baseline(path: &Path, args: &[&str]) -> anyhow::Result<(Child, St
 }
 
 /// POSTs `body` over a plain HTTP/1.0 socket and returns the answer's body bytes, exactly.
-async fn post_raw(url: &str, body: &str) -> anyhow::Result<Vec<u8>> {
+pub(super) async fn post_raw(url: &str, body: &str) -> anyhow::Result<Vec<u8>> {
     let addr = url.strip_prefix("http://").ok_or_else(|| anyhow::anyhow!("{url}: not http://"))?;
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     let head = format!("POST / HTTP/1.0\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
