@@ -1,5 +1,6 @@
 //! HTTP handlers: JSON-RPC over POST, WebSocket upgrade on GET, health, readiness and metrics.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sluice_jsonrpc::{codes, ErrorObject};
 use sluice_upstream::Call;
@@ -45,14 +46,26 @@ pub fn router(gateway: Arc<Gateway>, shutdown: watch::Receiver<bool>) -> Router 
         .with_state(AppState { gateway, shutdown })
 }
 
-fn request_id(headers: &HeaderMap) -> String {
+/// The header names as values built once (a name given as `&str` is parsed on every insert).
+const SERVED_BY_NAME: HeaderName = HeaderName::from_static(SERVED_BY);
+const REQUEST_ID_NAME: HeaderName = HeaderName::from_static(REQUEST_ID);
+
+/// The caller's request id if it sent a short printable one, else the next of sluice's own (hex).
+fn request_id(headers: &HeaderMap) -> HeaderValue {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    headers
-        .get(REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 64)
-        .map(str::to_owned)
-        .unwrap_or_else(|| format!("{:x}", NEXT.fetch_add(1, Ordering::Relaxed)))
+    let given = headers.get(&REQUEST_ID_NAME).filter(|v| !v.is_empty() && v.len() <= 64 && v.to_str().is_ok());
+    match given {
+        // A header value clones by reference count.
+        Some(value) => value.clone(),
+        None => {
+            use std::io::Write;
+            // Hex digits written on the stack: one allocation (the value's), not two.
+            let mut digits = std::io::Cursor::new([0u8; 16]);
+            let _ = write!(digits, "{:x}", NEXT.fetch_add(1, Ordering::Relaxed));
+            let at = digits.position() as usize;
+            HeaderValue::from_bytes(&digits.get_ref()[..at]).unwrap_or_else(|_| HeaderValue::from_static("0"))
+        }
+    }
 }
 
 /// The API key: the URL path `/KEY`, else `Authorization: Bearer KEY`, else `x-api-key`.
@@ -141,7 +154,7 @@ where
     };
     let _in_flight = InFlight::start(Transport::Http);
     let id = request_id(headers);
-    let span = tracing::debug_span!("rpc", request_id = %id, network = %network.id, transport = "http");
+    let span = tracing::debug_span!("rpc", request_id = id.to_str().unwrap_or_default(), network = %network.id, transport = "http");
     sluice_telemetry::adopt_parent(&span, headers);
     let limits = &gateway.limits;
     let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -191,7 +204,16 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + Unpin,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    match tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await {
+    let mut collect = std::pin::pin!(Limited::new(body, limit).collect());
+    // A small body is usually in hyper's buffer already, with its head: read it without arming
+    // a timer (one timer-wheel insert and removal less per request); a body still on its way
+    // is read under the deadline.
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(collect.as_mut().poll(cx))).await;
+    let collected = match first {
+        std::task::Poll::Ready(result) => Ok(result),
+        std::task::Poll::Pending => tokio::time::timeout(deadline, collect).await,
+    };
+    match collected {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large(limit)),
         Ok(Err(_)) => {
@@ -209,7 +231,7 @@ fn too_large(limit: usize) -> (StatusCode, Reply) {
     (StatusCode::PAYLOAD_TOO_LARGE, Reply::local_error(e))
 }
 
-fn respond(status: StatusCode, reply: Reply, request_id: &str) -> Response {
+fn respond(status: StatusCode, reply: Reply, request_id: &HeaderValue) -> Response {
     let mut response = match reply.body {
         Some(json) => {
             let mut response = Response::new(Body::new(Chunks::new(json.into_chunks())));
@@ -220,10 +242,8 @@ fn respond(status: StatusCode, reply: Reply, request_id: &str) -> Response {
     };
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    headers.insert(SERVED_BY, HeaderValue::from_static(reply.served_by.as_str()));
-    if let Ok(value) = HeaderValue::from_str(request_id) {
-        headers.insert(REQUEST_ID, value);
-    }
+    headers.insert(SERVED_BY_NAME, HeaderValue::from_static(reply.served_by.as_str()));
+    headers.insert(REQUEST_ID_NAME, request_id.clone());
     response
 }
 

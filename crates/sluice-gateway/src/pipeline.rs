@@ -296,54 +296,39 @@ impl Pipeline {
     /// are executed but not answered.
     pub async fn respond(&self, items: Vec<Result<Request, Invalid>>, edge: Edge<'_>) -> (Vec<Response>, ServedBy) {
         let policies = self.policies();
-        let policy = policies.for_tier(edge.caller.filter(|_| self.shared.access.is_some()).map(|c| c.tier.as_str()));
-        let tier: Option<Arc<str>> = edge.caller.map(|c| Arc::from(c.tier.as_str()));
-        let priority = self.priority(edge);
+        let context = CallContext {
+            policy: policies.for_tier(edge.caller.filter(|_| self.shared.access.is_some()).map(|c| c.tier.as_str())),
+            tier: edge.caller.map(|c| Arc::from(c.tier.as_str())),
+            priority: self.priority(edge),
+            edge,
+        };
+        if items.len() == 1 {
+            // One call (the common case): no per-batch bookkeeping.
+            let Some(item) = items.into_iter().next() else { return (Vec::new(), ServedBy::LOCAL) };
+            let (id, outcome, source) = match self.step(item, &context) {
+                Step::Local(id, outcome) => (id, outcome, Source::Local),
+                Step::Call(id, call) => {
+                    let result = self.upstreams.call(&call).await;
+                    let (outcome, source) = self.settle(&call, result);
+                    (id, outcome, source)
+                }
+            };
+            let responses = id.map(|id| vec![Response { id, outcome }]).unwrap_or_default();
+            return (responses, ServedBy::Only(source));
+        }
         let mut slots: Vec<Option<Outcome>> = vec![None; items.len()];
         let mut ids: Vec<Option<Id>> = Vec::with_capacity(items.len());
         let mut calls: Vec<(usize, Call)> = Vec::new();
         for (i, item) in items.into_iter().enumerate() {
-            // Why a parsed call is refused here: the method policy, then the key's or token's scope.
-            let refusal = match (&item, edge.caller) {
-                (Ok(req), _) if !policy.permits(&req.method) => Some(ErrorObject::new(
-                    codes::METHOD_NOT_FOUND,
-                    format!("the method {} is not allowed here", req.method),
-                )),
-                (Ok(req), Some(c)) => crate::scope::admit(&c.scope, req)
-                    .err()
-                    .map(|why| ErrorObject::new(codes::INVALID_REQUEST, format!("forbidden: {why}"))),
-                _ => None,
-            };
-            match item {
-                Err((id, e)) => {
-                    telemetry::count_call(&self.network, "", "invalid");
-                    slots[i] = Some(Outcome::error(&e));
-                    ids.push(Some(id));
+            match self.step(item, &context) {
+                Step::Local(id, outcome) => {
+                    slots[i] = Some(outcome);
+                    ids.push(id);
                 }
-                Ok(req) if refusal.is_some() => {
-                    telemetry::count_call(&self.network, &req.method, "denied");
-                    slots[i] = refusal.as_ref().map(Outcome::error);
-                    ids.push(req.id);
+                Step::Call(id, call) => {
+                    ids.push(id);
+                    calls.push((i, call));
                 }
-                Ok(req) => match route(&req.method) {
-                    Route::SocketOnly => {
-                        telemetry::count_call(&self.network, &req.method, "invalid");
-                        let e = ErrorObject::new(
-                            codes::METHOD_NOT_FOUND,
-                            format!("{} is only available on a WebSocket connection", req.method),
-                        );
-                        slots[i] = Some(Outcome::error(&e));
-                        ids.push(req.id);
-                    }
-                    Route::PassThrough => {
-                        ids.push(req.id.clone());
-                        let mut call = Call::new(req);
-                        call.ctx.network = self.network.clone();
-                        call.ctx.tier = tier.clone();
-                        call.ctx.priority = priority;
-                        calls.push((i, call));
-                    }
-                },
             }
         }
         let mut served_by: Option<ServedBy> = None;
@@ -358,14 +343,7 @@ impl Pipeline {
                 self.upstreams.call_batch(&refs).await
             };
             for ((i, call), result) in calls.iter().zip(results) {
-                telemetry::count_call(&self.network, call.method(), outcome_label(&result));
-                let (outcome, source) = match result {
-                    Ok(Answer { outcome, source }) => {
-                        telemetry::count_served(&self.network, call.method(), source.as_str());
-                        (outcome, source)
-                    }
-                    Err(e) => (Outcome::error(&e.to_error_object()), Source::Upstream),
-                };
+                let (outcome, source) = self.settle(call, result);
                 served_by = ServedBy::join(served_by, source);
                 slots[*i] = Some(outcome);
             }
@@ -377,6 +355,79 @@ impl Pipeline {
             .collect();
         (responses, served_by.unwrap_or(ServedBy::LOCAL))
     }
+
+    /// Step 4 for one parsed item: answered here (invalid, refused by the method policy or the
+    /// caller's scope, socket-only), or a [`Call`] with its context to send down the layers.
+    fn step(&self, item: Result<Request, Invalid>, context: &CallContext<'_>) -> Step {
+        let req = match item {
+            Err((id, e)) => {
+                telemetry::count_call(&self.network, "", "invalid");
+                return Step::Local(Some(id), Outcome::error(&e));
+            }
+            Ok(req) => req,
+        };
+        // Why a parsed call is refused here: the method policy, then the key's or token's scope.
+        let refusal = if !context.policy.permits(&req.method) {
+            Some(ErrorObject::new(codes::METHOD_NOT_FOUND, format!("the method {} is not allowed here", req.method)))
+        } else {
+            context.edge.caller.and_then(|c| {
+                crate::scope::admit(&c.scope, &req)
+                    .err()
+                    .map(|why| ErrorObject::new(codes::INVALID_REQUEST, format!("forbidden: {why}")))
+            })
+        };
+        if let Some(e) = refusal {
+            telemetry::count_call(&self.network, &req.method, "denied");
+            return Step::Local(req.id, Outcome::error(&e));
+        }
+        match route(&req.method) {
+            Route::SocketOnly => {
+                telemetry::count_call(&self.network, &req.method, "invalid");
+                let e = ErrorObject::new(
+                    codes::METHOD_NOT_FOUND,
+                    format!("{} is only available on a WebSocket connection", req.method),
+                );
+                Step::Local(req.id, Outcome::error(&e))
+            }
+            Route::PassThrough => {
+                let id = req.id.clone();
+                let mut call = Call::new(req);
+                call.ctx.network = self.network.clone();
+                call.ctx.tier = context.tier.clone();
+                call.ctx.priority = context.priority;
+                Step::Call(id, call)
+            }
+        }
+    }
+
+    /// Step 6 for one call: its outcome and what produced it, counted.
+    fn settle(&self, call: &Call, result: Result<Answer, UpstreamError>) -> (Outcome, Source) {
+        telemetry::count_call(&self.network, call.method(), outcome_label(&result));
+        match result {
+            Ok(Answer { outcome, source }) => {
+                telemetry::count_served(&self.network, call.method(), source.as_str());
+                (outcome, source)
+            }
+            Err(e) => (Outcome::error(&e.to_error_object()), Source::Upstream),
+        }
+    }
+}
+
+/// What every call of one body shares: the method policy in force for the caller's tier, the
+/// tier and priority the calls carry, and the caller.
+struct CallContext<'a> {
+    policy: &'a MethodPolicy,
+    tier: Option<Arc<str>>,
+    priority: u8,
+    edge: Edge<'a>,
+}
+
+/// What step 4 makes of one item.
+enum Step {
+    /// Answered by sluice itself: the caller's id (`None` for a notification) and the answer.
+    Local(Option<Id>, Outcome),
+    /// Sent down the layers: the caller's id and the call.
+    Call(Option<Id>, Call),
 }
 
 impl Reply {
@@ -479,6 +530,27 @@ mod tests {
             assert_eq!(item["error"]["code"], -32002);
             assert_eq!(item["error"]["message"], "upstream unreachable");
         }
+    }
+
+    #[tokio::test]
+    async fn a_single_call_is_answered_as_the_same_call_in_a_batch_of_one() {
+        let upstream = Arc::new(EchoUpstream::default());
+        let policy = MethodPolicy::new(vec!["admin_*".into()], vec![]);
+        let p = Pipeline::new(upstream.clone(), 100, 8, policy, None);
+        for call in [
+            r#"{"jsonrpc":"2.0","id":7,"method":"eth_chainId"}"#,
+            r#"{"jsonrpc":"2.0","id":"a","method":"admin_peers"}"#,
+            r#"{"jsonrpc":"2.0","id":8,"method":"eth_subscribe","params":["newHeads"]}"#,
+            r#"{"jsonrpc":"2.0","id":9,"method":7}"#,
+        ] {
+            let (single, single_by) = answer(&p, call).await;
+            let (batch, batch_by) = answer(&p, &format!("[{call}]")).await;
+            assert_eq!(serde_json::json!([single]), batch, "{call}");
+            assert_eq!(single_by, batch_by, "{call}");
+        }
+        assert_eq!(answer(&p, r#"{"jsonrpc":"2.0","id":1,"method":"admin_peers"}"#).await.1, ServedBy::LOCAL);
+        assert_eq!(answer(&p, r#"{"jsonrpc":"2.0","id":1,"method":"x"}"#).await.1, ServedBy::Only(Source::Upstream));
+        assert_eq!(upstream.batches.lock().unwrap().len(), 3, "only the permitted calls went down");
     }
 
     #[test]
