@@ -12,7 +12,8 @@ serve() {  # serve VAR UPSTREAM…: sluice (cache off) in front of the upstreams
   local var=$1 port args=(); shift
   port=$(free_port)
   for u in "$@"; do args+=(--upstream "$u"); done
-  env SLUICE_LOG=error SLUICE_CACHE__ENABLED=false SLUICE_POOL__BREAKER_COOLDOWN=1s \
+  # Each instance its own journal: a journal is held by one process at a time.
+  env SLUICE_LOG=error SLUICE_CACHE__ENABLED=false SLUICE_POOL__BREAKER_COOLDOWN=1s SLUICE_MEMPOOL__JOURNAL="$work/$var.journal" \
     "$BENCH" serve --listen "127.0.0.1:$port" "${args[@]}" >/dev/null &
   pids+=($!)
   printf -v "$var" 'http://127.0.0.1:%s' "$port"

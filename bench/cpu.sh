@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Server CPU per request, sluice beside the bare fixed-body server answering the same bytes:
+# the sharpest measure of the request path's own cost on a noisy 2-core machine, where req/s
+# moves with whatever else runs. For each wrk run (-t1, cached eth_blockNumber), the server's
+# user + system CPU time (/proc/PID/stat) over the requests it answered. Rows alternate targets.
+# With PERF=1 (needs `perf`), each server is also sampled during one more run and the split of
+# its CPU between the kernel, the C library and its own code is printed.
+# With BEFORE_BIN=PATH, a second sluice (another build) runs beside the first.
+#   DURATION=4s ROUNDS=3 [PERF=1] [BEFORE_BIN=…] bash bench/cpu.sh
+source "$(dirname "$0")/lib.sh"
+ROUNDS=${ROUNDS:-3}
+C=${C:-64}
+cargo build --release -q -p sluice-bench --bin sluice-baseline
+if [ -n "${PERF:-}" ] && ! command -v perf >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
+fi
+
+start_anvil
+declare -A pid_of
+start_sluice CACHED
+targets=("sluice:$CACHED"); pid_of[sluice]=${pids[-1]}
+if [ -n "${BEFORE_BIN:-}" ]; then
+  SLUICE_BIN=$BEFORE_BIN start_sluice BEFORE
+  targets+=("sluice (BEFORE_BIN):$BEFORE"); pid_of["sluice (BEFORE_BIN)"]=${pids[-1]}
+fi
+lua number '{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
+for _ in 1 2; do curl -sf "$CACHED" -H 'content-type: application/json' \
+  -d '{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}' -o "$work/answer"; done
+port=$(free_port)
+target/release/sluice-baseline --listen "127.0.0.1:$port" fixed --body-file "$work/answer" >/dev/null &
+pids+=($!); pid_of["bare server"]=$!
+BARE="http://127.0.0.1:$port"
+for _ in $(seq 100); do curl -s -o /dev/null "$BARE/" -d '{}' && break; sleep 0.1; done
+targets=("bare server:$BARE" "${targets[@]}")
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+declare -A rps_sum cpu_sum
+for _ in $(seq "$ROUNDS"); do
+  for t in "${targets[@]}"; do
+    name=${t%%:http*}; url=${t#*:}; pid=${pid_of[$name]}
+    before=$(cpu_ticks "$pid")
+    out=$(wrk -t1 -c"$C" -d"$DURATION" -s "$work/number.lua" "$url/")
+    after=$(cpu_ticks "$pid")
+    n=$(echo "$out" | awk '/requests in/ {print $1}')
+    rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+    us=$(python3 -c "print(($after - $before) * 1e6 / $(getconf CLK_TCK) / $n)")
+    rps_sum[$name]=$(python3 -c "print(${rps_sum[$name]:-0} + $rps)")
+    cpu_sum[$name]=$(python3 -c "print(${cpu_sum[$name]:-0} + $us)")
+  done
+done
+
+echo "| cached eth_blockNumber, c=$C | req/s (mean of $ROUNDS) | server CPU µs per request (mean of $ROUNDS) | req/s / bare | CPU / bare |"
+echo "|---|---:|---:|---:|---:|"
+for t in "${targets[@]}"; do
+  name=${t%%:http*}
+  python3 -c "
+r, c = ${rps_sum[$name]} / $ROUNDS, ${cpu_sum[$name]} / $ROUNDS
+br, bc = ${rps_sum[bare server]} / $ROUNDS, ${cpu_sum[bare server]} / $ROUNDS
+print(f'| $name | {r:.0f} | {c:.2f} | {r / br:.2f} | {c / bc:.2f} |')"
+done
+echo
+
+if [ -n "${PERF:-}" ]; then
+  echo "| where the server's CPU goes (perf, cpu-clock samples) | kernel | C library | its own code |"
+  echo "|---|---:|---:|---:|"
+  for t in "${targets[@]}"; do
+    name=${t%%:http*}; url=${t#*:}; pid=${pid_of[$name]}
+    wrk -t1 -c"$C" -d5s -s "$work/number.lua" "$url/" >/dev/null &
+    load=$!
+    sleep 1
+    perf record -q -e cpu-clock -F 2000 -p "$pid" -o "$work/perf.data" -- sleep 3 >/dev/null 2>&1
+    wait "$load"
+    perf report -i "$work/perf.data" --no-children --sort dso --stdio 2>/dev/null | python3 -c "
+import re, sys
+share = {'kernel': 0.0, 'libc': 0.0, 'own': 0.0}
+for line in sys.stdin:
+    m = re.match(r'\s+([\d.]+)%\s+(\S+)', line)
+    if not m: continue
+    p, dso = float(m.group(1)), m.group(2)
+    key = 'kernel' if 'kernel' in dso else 'libc' if dso.startswith('lib') else 'own'
+    share[key] += p
+print(f\"| $name | {share['kernel']:.1f} % | {share['libc']:.1f} % | {share['own']:.1f} % |\")"
+    cp "$work/perf.data" "$work/perf-${name// /-}.data"
+  done
+  echo
+  echo "sluice's busiest user-space functions (self time, % of its CPU samples):"
+  echo
+  perf report -i "$work/perf-sluice.data" --no-children --sort symbol --stdio 2>/dev/null \
+    | grep -E '^ +[0-9.]+% +\[\.\]' | sed -E 's/ +- +- *$//; s/ +$//; s/^ +/    /' | head -25 || true
+  echo
+fi
+echo "machine: $(nproc) cores, $(uname -m); wrk -t1 -c$C, $DURATION per run, $ROUNDS rounds alternating; generator and servers on the same machine"
