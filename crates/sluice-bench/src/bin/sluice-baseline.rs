@@ -70,6 +70,12 @@ enum What {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Files are read before the listening line: whoever started this may remove them as soon
+    // as it sees that line (`sluice bench report` does).
+    let fixed_body = match &cli.what {
+        What::Fixed { body_file, .. } => Bytes::from(std::fs::read(body_file)?),
+        _ => Bytes::new(),
+    };
     let listener = TcpListener::bind(cli.listen).await?;
     println!("baseline listening on http://{}", listener.local_addr()?);
     match cli.what {
@@ -106,8 +112,8 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
         What::Fanout { node } => fanout::run(listener, &node).await,
-        What::Fixed { body_file, echo_id } => {
-            let body = Bytes::from(std::fs::read(&body_file)?);
+        What::Fixed { echo_id, .. } => {
+            let body = fixed_body;
             let template = if echo_id { Some(Arc::new(IdTemplate::new(&body)?)) } else { None };
             serve(listener, move |req: Request<Incoming>| {
                 let (body, template) = (body.clone(), template.clone());
