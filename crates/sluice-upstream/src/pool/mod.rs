@@ -21,6 +21,7 @@ mod breaker;
 mod budget;
 mod classify;
 mod consensus;
+mod exchange;
 mod health;
 mod hedge;
 mod integrity;
@@ -30,6 +31,7 @@ mod probe;
 pub mod range;
 mod range_probe;
 mod state;
+mod status;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,7 +39,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use sluice_chain::BlockNeed;
-use sluice_jsonrpc::{Outcome, Request};
+use sluice_jsonrpc::Outcome;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
@@ -419,97 +421,6 @@ impl<N: Node> Pool<N> {
         by_method.map_or_else(|| member.node.timeout(), |(_, t)| *t)
     }
 
-    /// One exchange with member `i`, within its concurrency limit and budgets, updating its
-    /// health, latency window and circuit. Calls the budgets cannot cover come back
-    /// [`UpstreamError::BudgetExhausted`] without being sent.
-    async fn exchange(&self, i: usize, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
-        let member = &self.members[i];
-        let _slot = match &member.slots {
-            Some(slots) => match slots.clone().acquire_owned().await {
-                Ok(permit) => Some(permit),
-                Err(_) => return vec![Err(UpstreamError::NoneAvailable); reqs.len()],
-            },
-            None => None,
-        };
-        let (allowed, wait) =
-            member.state().spend(reqs.len(), Instant::now(), SystemTime::now(), self.config.budget_wait);
-        let allowed = self.spend_shared(i, allowed).await;
-        if !wait.is_zero() {
-            // Its place in the rate's queue (or the provider's Retry-After).
-            tokio::time::sleep(wait).await;
-        }
-        let (sent, refused) = reqs.split_at(allowed);
-        let mut results = Vec::with_capacity(reqs.len());
-        if !sent.is_empty() {
-            let timeout =
-                sent.iter().map(|r| self.timeout_for(&r.method, member)).max().unwrap_or_else(|| member.node.timeout());
-            member.state().health.in_flight += 1;
-            let in_flight = InFlight(member);
-            let started = Instant::now();
-            // One span per exchange with a member: its `traceparent` goes to the node.
-            let span = tracing::debug_span!(
-                "upstream",
-                member = member.node.name(),
-                calls = sent.len(),
-                outcome = tracing::field::Empty
-            );
-            let answer = member.node.send(sent, timeout).instrument(span.clone()).await;
-            span.record("outcome", exchange_outcome(&answer));
-            drop(in_flight);
-            let healthy = match &answer {
-                Ok(outcomes) => outcomes.iter().all(|o| match o {
-                    Ok(Outcome::Error(e)) => judge_error(e) != Verdict::RetryElsewhere,
-                    Ok(Outcome::Result(_)) => true,
-                    Err(_) => false,
-                }),
-                Err(UpstreamError::BatchRefused) => true,
-                Err(_) => false,
-            };
-            let limited = rate_limited(&answer);
-            let mut state = member.state();
-            let now = Instant::now();
-            state.last_error = answer.as_ref().err().cloned();
-            state.health.record(started.elapsed(), healthy);
-            match limited {
-                // The node is up but over its provider's rate: the adaptive rate answers that,
-                // not the circuit.
-                Some(retry_after) => {
-                    state.adaptive.limited(retry_after, now);
-                    metrics::counter!("sluice_upstream_rate_limited_total", "network" => self.config.network.clone(),
-                        "upstream" => member.node.name().to_owned())
-                    .increment(1);
-                }
-                None if healthy => {
-                    state.adaptive.accepted(sent.len(), now);
-                    state.recent.push(started.elapsed());
-                    state.breaker.on_success();
-                }
-                None => state.breaker.on_failure(now),
-            }
-            drop(state);
-            match answer {
-                Ok(outcomes) if outcomes.len() == sent.len() => results.extend(outcomes),
-                Ok(_) => {
-                    results.extend(sent.iter().map(|_| Err(UpstreamError::InvalidResponse("batch answer missing"))))
-                }
-                Err(e) => results.extend(sent.iter().map(|_| Err(e.clone()))),
-            }
-        }
-        results.extend(refused.iter().map(|_| Err(UpstreamError::BudgetExhausted)));
-        results
-    }
-
-    /// Takes `n` calls of member `i`'s shared budgets, when there are any; how many may go.
-    async fn spend_shared(&self, i: usize, n: usize) -> usize {
-        let member = &self.members[i];
-        match (&self.config.shared_budget, member.limits) {
-            (Some(shared), (rate, daily)) if n > 0 && (rate.is_some() || daily.is_some()) => {
-                shared.take(&member.budget_key, rate, daily, n).await
-            }
-            _ => n,
-        }
-    }
-
     /// What to tell a caller no member could take: the most telling recent failure of a member
     /// whose circuit is open (`unreachable`, `timeout`, …), else `NoneAvailable`.
     fn unavailable(&self, error: UpstreamError) -> UpstreamError {
@@ -548,73 +459,6 @@ impl<N: Node> Pool<N> {
             }
             _ => {}
         }
-    }
-
-    /// A JSON snapshot for `/status`.
-    pub fn status(&self) -> serde_json::Value {
-        let now = Instant::now();
-        let best = self.best_head();
-        let members: Vec<serde_json::Value> = self
-            .members
-            .iter()
-            .map(|m| {
-                let mut s = m.state();
-                serde_json::json!({
-                    "name": m.node.name(),
-                    "tier": m.tier,
-                    "weight": m.weight,
-                    "circuit": s.breaker.state(now).as_str(),
-                    "latency_ms": (s.health.latency_us / 1000.0 * 100.0).round() / 100.0,
-                    "error_rate": (s.health.error_rate * 1000.0).round() / 1000.0,
-                    "in_flight": s.health.in_flight,
-                    "head": s.health.head,
-                    "lag": s.health.lag(best),
-                    "score": s.score(m.weight).round(),
-                    "rate_left": s.rate.as_mut().map(|r| r.left(now)),
-                    "rate": s.rate.as_ref().map(|r| (r.rate() * 10.0).round() / 10.0),
-                    "rate_cut": s.adaptive.is_cut(),
-                    "rate_cuts": s.adaptive.cuts(),
-                    "paused_ms": s.adaptive.paused_until().map(|p| p.saturating_duration_since(now).as_millis() as u64),
-                    "daily_quota_left": s.quota.as_mut().map(|q| q.left(SystemTime::now())),
-                    "missing_blocks": s.missing_blocks,
-                    "batch_limit": s.batch_limit,
-                    "lowest_state": s.availability.lowest(Data::State, s.health.head),
-                    "lowest_block": s.availability.lowest(Data::Blocks, s.health.head),
-                    "range_raised": s.availability.raised,
-                    "cordoned": s.cordoned(now),
-                    "cordons": s.cordons,
-                    "dissents": s.dissents,
-                })
-            })
-            .collect();
-        serde_json::json!({ "best_head": best, "upstreams": members })
-    }
-}
-
-/// Whether an exchange was refused for the provider's rate (HTTP 429, or a JSON-RPC rate-limit
-/// error for any call in it), and the `Retry-After` it gave.
-fn rate_limited(answer: &Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>) -> Option<Option<Duration>> {
-    match answer {
-        Err(UpstreamError::RateLimited(retry_after)) => Some(*retry_after),
-        Ok(outcomes) => outcomes
-            .iter()
-            .any(|o| match o {
-                Ok(Outcome::Error(e)) => is_rate_limited(e),
-                Err(UpstreamError::RateLimited(_)) => true,
-                _ => false,
-            })
-            .then_some(None),
-        Err(_) => None,
-    }
-}
-
-/// An exchange's outcome for its trace span: `ok`, `rpc_error` (some answer is an error) or the
-/// failure's kind.
-fn exchange_outcome(answer: &Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>) -> &'static str {
-    match answer {
-        Ok(outcomes) if outcomes.iter().all(|o| matches!(o, Ok(Outcome::Result(_)))) => "ok",
-        Ok(_) => "rpc_error",
-        Err(e) => e.kind(),
     }
 }
 

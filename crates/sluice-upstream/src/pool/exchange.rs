@@ -1,0 +1,130 @@
+//! One exchange with a member: its concurrency slot, its budgets (local and shared), the send
+//! under its timeout and trace span, and what the answer does to its health, circuit and rate.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use sluice_jsonrpc::{Outcome, Request};
+use tracing::Instrument;
+
+use super::{is_rate_limited, judge_error, InFlight, Pool, Verdict};
+use crate::{Node, UpstreamError};
+
+impl<N: Node> Pool<N> {
+    /// One exchange with member `i`, within its concurrency limit and budgets, updating its
+    /// health, latency window and circuit. Calls the budgets cannot cover come back
+    /// [`UpstreamError::BudgetExhausted`] without being sent.
+    pub(super) async fn exchange(&self, i: usize, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
+        let member = &self.members[i];
+        let _slot = match &member.slots {
+            Some(slots) => match slots.clone().acquire_owned().await {
+                Ok(permit) => Some(permit),
+                Err(_) => return vec![Err(UpstreamError::NoneAvailable); reqs.len()],
+            },
+            None => None,
+        };
+        let (allowed, wait) =
+            member.state().spend(reqs.len(), Instant::now(), SystemTime::now(), self.config.budget_wait);
+        let allowed = self.spend_shared(i, allowed).await;
+        if !wait.is_zero() {
+            // Its place in the rate's queue (or the provider's Retry-After).
+            tokio::time::sleep(wait).await;
+        }
+        let (sent, refused) = reqs.split_at(allowed);
+        let mut results = Vec::with_capacity(reqs.len());
+        if !sent.is_empty() {
+            let timeout =
+                sent.iter().map(|r| self.timeout_for(&r.method, member)).max().unwrap_or_else(|| member.node.timeout());
+            member.state().health.in_flight += 1;
+            let in_flight = InFlight(member);
+            let started = Instant::now();
+            // One span per exchange with a member: its `traceparent` goes to the node.
+            let span = tracing::debug_span!(
+                "upstream",
+                member = member.node.name(),
+                calls = sent.len(),
+                outcome = tracing::field::Empty
+            );
+            let answer = member.node.send(sent, timeout).instrument(span.clone()).await;
+            span.record("outcome", exchange_outcome(&answer));
+            drop(in_flight);
+            let healthy = match &answer {
+                Ok(outcomes) => outcomes.iter().all(|o| match o {
+                    Ok(Outcome::Error(e)) => judge_error(e) != Verdict::RetryElsewhere,
+                    Ok(Outcome::Result(_)) => true,
+                    Err(_) => false,
+                }),
+                Err(UpstreamError::BatchRefused) => true,
+                Err(_) => false,
+            };
+            let limited = rate_limited(&answer);
+            let mut state = member.state();
+            let now = Instant::now();
+            state.last_error = answer.as_ref().err().cloned();
+            state.health.record(started.elapsed(), healthy);
+            match limited {
+                // The node is up but over its provider's rate: the adaptive rate answers that,
+                // not the circuit.
+                Some(retry_after) => {
+                    state.adaptive.limited(retry_after, now);
+                    metrics::counter!("sluice_upstream_rate_limited_total", "network" => self.config.network.clone(),
+                        "upstream" => member.node.name().to_owned())
+                    .increment(1);
+                }
+                None if healthy => {
+                    state.adaptive.accepted(sent.len(), now);
+                    state.recent.push(started.elapsed());
+                    state.breaker.on_success();
+                }
+                None => state.breaker.on_failure(now),
+            }
+            drop(state);
+            match answer {
+                Ok(outcomes) if outcomes.len() == sent.len() => results.extend(outcomes),
+                Ok(_) => {
+                    results.extend(sent.iter().map(|_| Err(UpstreamError::InvalidResponse("batch answer missing"))))
+                }
+                Err(e) => results.extend(sent.iter().map(|_| Err(e.clone()))),
+            }
+        }
+        results.extend(refused.iter().map(|_| Err(UpstreamError::BudgetExhausted)));
+        results
+    }
+
+    /// Takes `n` calls of member `i`'s shared budgets, when there are any; how many may go.
+    async fn spend_shared(&self, i: usize, n: usize) -> usize {
+        let member = &self.members[i];
+        match (&self.config.shared_budget, member.limits) {
+            (Some(shared), (rate, daily)) if n > 0 && (rate.is_some() || daily.is_some()) => {
+                shared.take(&member.budget_key, rate, daily, n).await
+            }
+            _ => n,
+        }
+    }
+}
+
+/// Whether an exchange was refused for the provider's rate (HTTP 429, or a JSON-RPC rate-limit
+/// error for any call in it), and the `Retry-After` it gave.
+fn rate_limited(answer: &Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>) -> Option<Option<Duration>> {
+    match answer {
+        Err(UpstreamError::RateLimited(retry_after)) => Some(*retry_after),
+        Ok(outcomes) => outcomes
+            .iter()
+            .any(|o| match o {
+                Ok(Outcome::Error(e)) => is_rate_limited(e),
+                Err(UpstreamError::RateLimited(_)) => true,
+                _ => false,
+            })
+            .then_some(None),
+        Err(_) => None,
+    }
+}
+
+/// An exchange's outcome for its trace span: `ok`, `rpc_error` (some answer is an error) or the
+/// failure's kind.
+fn exchange_outcome(answer: &Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>) -> &'static str {
+    match answer {
+        Ok(outcomes) if outcomes.iter().all(|o| matches!(o, Ok(Outcome::Result(_)))) => "ok",
+        Ok(_) => "rpc_error",
+        Err(e) => e.kind(),
+    }
+}
