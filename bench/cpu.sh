@@ -6,23 +6,33 @@
 # With PERF=1 (needs `perf`), each server is also sampled during one more run and the split of
 # its CPU between the kernel, the C library and its own code is printed.
 # With BEFORE_BIN=PATH, a second sluice (another build) runs beside the first.
-#   DURATION=4s ROUNDS=3 [PERF=1] [BEFORE_BIN=…] bash bench/cpu.sh
+# A second table does the same for pass-through calls (eth_chainId, cache and coalescing off)
+# beside the bare forwarder to the same anvil, with anvil's own CPU per request beside them.
+# With ALLOCS=1 (needs `perf` and a uprobe on the C library's malloc), each server's malloc
+# calls per request are counted during one more run of each kind.
+#   DURATION=4s ROUNDS=3 [PERF=1] [ALLOCS=1] [BEFORE_BIN=…] bash bench/cpu.sh
 source "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-3}
 C=${C:-64}
 cargo build --release -q -p sluice-bench --bin sluice-baseline
-if [ -n "${PERF:-}" ] && ! command -v perf >/dev/null; then
+if [ -n "${PERF:-}${ALLOCS:-}" ] && ! command -v perf >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
 fi
 
 start_anvil
+anvil_pid=${pids[-1]}
 declare -A pid_of
 start_sluice CACHED
 targets=("sluice:$CACHED"); pid_of[sluice]=${pids[-1]}
+start_sluice PASS SLUICE_CACHE__ENABLED=false SLUICE_CACHE__COALESCE=false
+passes=("sluice, cache off:$PASS"); pid_of["sluice, cache off"]=${pids[-1]}
 if [ -n "${BEFORE_BIN:-}" ]; then
   SLUICE_BIN=$BEFORE_BIN start_sluice BEFORE
   targets+=("sluice (BEFORE_BIN):$BEFORE"); pid_of["sluice (BEFORE_BIN)"]=${pids[-1]}
+  SLUICE_BIN=$BEFORE_BIN start_sluice BEFORE_PASS SLUICE_CACHE__ENABLED=false SLUICE_CACHE__COALESCE=false
+  passes+=("sluice (BEFORE_BIN), cache off:$BEFORE_PASS"); pid_of["sluice (BEFORE_BIN), cache off"]=${pids[-1]}
 fi
+lua chainid '{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
 lua number '{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
 for _ in 1 2; do curl -sf "$CACHED" -H 'content-type: application/json' \
   -d '{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}' -o "$work/answer"; done
@@ -35,31 +45,67 @@ targets=("bare server:$BARE" "${targets[@]}")
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-declare -A rps_sum cpu_sum
-for _ in $(seq "$ROUNDS"); do
-  for t in "${targets[@]}"; do
-    name=${t%%:http*}; url=${t#*:}; pid=${pid_of[$name]}
-    before=$(cpu_ticks "$pid")
-    out=$(wrk -t1 -c"$C" -d"$DURATION" -s "$work/number.lua" "$url/")
-    after=$(cpu_ticks "$pid")
-    n=$(echo "$out" | awk '/requests in/ {print $1}')
-    rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-    us=$(python3 -c "print(($after - $before) * 1e6 / $(getconf CLK_TCK) / $n)")
-    rps_sum[$name]=$(python3 -c "print(${rps_sum[$name]:-0} + $rps)")
-    cpu_sum[$name]=$(python3 -c "print(${cpu_sum[$name]:-0} + $us)")
+# measure TABLE SCRIPT FIRST_ROW TARGET…: rounds of wrk runs, rows alternating; prints a table
+# of req/s and CPU per request against FIRST_ROW (the machine's own limit for this kind).
+measure() {
+  local title=$1 script=$2 baseline=$3; shift 3
+  local -A rps_sum cpu_sum anvil_sum
+  local t name url pid before after a_before a_after out n rps
+  for _ in $(seq "$ROUNDS"); do
+    for t in "$@"; do
+      name=${t%%:http*}; url=${t#*:}; pid=${pid_of[$name]}
+      before=$(cpu_ticks "$pid"); a_before=$(cpu_ticks "$anvil_pid")
+      out=$(wrk -t1 -c"$C" -d"$DURATION" -s "$work/$script.lua" "$url/")
+      after=$(cpu_ticks "$pid"); a_after=$(cpu_ticks "$anvil_pid")
+      n=$(echo "$out" | awk '/requests in/ {print $1}')
+      rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+      rps_sum[$name]=$(python3 -c "print(${rps_sum[$name]:-0} + $rps)")
+      cpu_sum[$name]=$(python3 -c "print(${cpu_sum[$name]:-0} + ($after - $before) * 1e6 / $(getconf CLK_TCK) / $n)")
+      anvil_sum[$name]=$(python3 -c "print(${anvil_sum[$name]:-0} + ($a_after - $a_before) * 1e6 / $(getconf CLK_TCK) / $n)")
+    done
   done
-done
+  echo "| $title | req/s (mean of $ROUNDS) | server CPU µs per request (mean of $ROUNDS) | req/s / $baseline | CPU / $baseline | anvil CPU µs per request |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  for t in "$@"; do
+    name=${t%%:http*}
+    python3 -c "
+r, c, a = ${rps_sum[$name]} / $ROUNDS, ${cpu_sum[$name]} / $ROUNDS, ${anvil_sum[$name]} / $ROUNDS
+br, bc = ${rps_sum[$baseline]} / $ROUNDS, ${cpu_sum[$baseline]} / $ROUNDS
+print(f'| $name | {r:.0f} | {c:.2f} | {r / br:.2f} | {c / bc:.2f} | {a:.2f} |')"
+  done
+  echo
+}
 
-echo "| cached eth_blockNumber, c=$C | req/s (mean of $ROUNDS) | server CPU µs per request (mean of $ROUNDS) | req/s / bare | CPU / bare |"
-echo "|---|---:|---:|---:|---:|"
-for t in "${targets[@]}"; do
-  name=${t%%:http*}
-  python3 -c "
-r, c = ${rps_sum[$name]} / $ROUNDS, ${cpu_sum[$name]} / $ROUNDS
-br, bc = ${rps_sum[bare server]} / $ROUNDS, ${cpu_sum[bare server]} / $ROUNDS
-print(f'| $name | {r:.0f} | {c:.2f} | {r / br:.2f} | {c / bc:.2f} |')"
-done
-echo
+port=$(free_port)
+target/release/sluice-baseline --listen "127.0.0.1:$port" forward --to "$ANVIL_URL" >/dev/null &
+pids+=($!); pid_of["bare forwarder"]=$!
+FORWARD="http://127.0.0.1:$port"
+for _ in $(seq 100); do curl -s -o /dev/null "$FORWARD/" -d '{}' && break; sleep 0.1; done
+passes=("bare forwarder:$FORWARD" "${passes[@]}")
+
+measure "cached eth_blockNumber, c=$C" number "bare server" "${targets[@]}"
+measure "pass-through eth_chainId, c=$C" chainid "bare forwarder" "${passes[@]}"
+
+if [ -n "${ALLOCS:-}" ]; then
+  libc=$(ldd target/release/sluice | awk '/libc.so/ {print $3}')
+  perf probe -q -d 'probe_libc:malloc' >/dev/null 2>&1 || true
+  perf probe -q -x "$libc" malloc >/dev/null 2>&1
+  echo "| C library malloc calls per request (perf uprobe, one ${DURATION} run each) | malloc calls per request |"
+  echo "|---|---:|"
+  for t in "${targets[@]}" "${passes[@]}"; do
+    name=${t%%:http*}; url=${t#*:}; pid=${pid_of[$name]}
+    script=number; [[ " ${passes[*]} " == *"$t"* ]] && script=chainid
+    perf stat -x, -e probe_libc:malloc -p "$pid" -o "$work/allocs" -- sleep "${DURATION%s}" &
+    counting=$!
+    out=$(wrk -t1 -c"$C" -d"$DURATION" -s "$work/$script.lua" "$url/")
+    wait "$counting"
+    n=$(echo "$out" | awk '/requests in/ {print $1}')
+    calls=$(awk -F, '/probe_libc:malloc/ {print $1}' "$work/allocs")
+    python3 -c "print(f'| $name ($script) | {$calls / $n:.1f} |')"
+  done
+  perf probe -q -d 'probe_libc:malloc' >/dev/null 2>&1 || true
+  echo
+fi
 
 if [ -n "${PERF:-}" ]; then
   echo "| where the server's CPU goes (perf, cpu-clock samples) | kernel | C library | its own code |"

@@ -256,7 +256,10 @@ struct Chunks {
 impl Chunks {
     fn new(chunks: Vec<bytes::Bytes>) -> Self {
         let remaining = chunks.iter().map(|c| c.len() as u64).sum();
-        Self { chunks: chunks.into_iter().filter(|c| !c.is_empty()).collect(), remaining }
+        let mut chunks = chunks;
+        chunks.retain(|c| !c.is_empty());
+        // `From<Vec>` reuses the vector's allocation.
+        Self { chunks: chunks.into(), remaining }
     }
 }
 

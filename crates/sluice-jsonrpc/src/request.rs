@@ -6,9 +6,10 @@ use serde_json::value::RawValue;
 use crate::error::{codes, ErrorObject};
 
 /// A request id, kept as the exact JSON text the caller sent (a number, a string or `null`),
-/// so that `1.0`, `1e3` or a 30-digit number come back exactly as written.
+/// so that `1.0`, `1e3` or a 30-digit number come back exactly as written. Shared: a call's id
+/// is kept for its answer while the call goes down the layers, without a copy.
 #[derive(Debug, Clone)]
-pub struct Id(Box<RawValue>);
+pub struct Id(std::sync::Arc<str>);
 
 impl PartialEq for Id {
     fn eq(&self, other: &Self) -> bool {
@@ -21,17 +22,17 @@ impl Eq for Id {}
 impl Id {
     /// The `null` id, used when a request's own id cannot be read.
     pub fn null() -> Self {
-        Id(RawValue::from_string("null".to_owned()).expect("null is JSON"))
+        Id(std::sync::Arc::from("null"))
     }
 
     /// An id from a number, for requests sluice makes itself.
     pub fn number(n: u64) -> Self {
-        Id(RawValue::from_string(n.to_string()).expect("an integer is JSON"))
+        Id(std::sync::Arc::from(itoa::Buffer::new().format(n)))
     }
 
     /// The exact JSON text of the id.
     pub fn get(&self) -> &str {
-        self.0.get()
+        &self.0
     }
 
     /// Accepts only the JSON types the spec allows for an id.
@@ -41,7 +42,7 @@ impl Id {
             Some(b'"') | Some(b'-') | Some(b'0'..=b'9') => true,
             _ => text == "null",
         };
-        ok.then(|| Id(raw.to_owned()))
+        ok.then(|| Id(std::sync::Arc::from(text)))
     }
 }
 

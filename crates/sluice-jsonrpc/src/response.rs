@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
@@ -79,34 +79,64 @@ impl AsRef<[u8]> for SharedBytes {
 /// Serializes answers like [`write_responses`], as chunks for a vectored write: small parts are
 /// copied together, large results are passed by reference (zero-copy from the cache).
 pub fn write_chunks(batch: bool, responses: &[Response]) -> Vec<Bytes> {
-    let mut chunks = Vec::new();
-    let mut buf = BytesMut::with_capacity(256);
+    fn parts(r: &Response) -> (&'static [u8], &SharedRaw) {
+        match &r.outcome {
+            Outcome::Result(raw) => (b",\"result\":", raw),
+            Outcome::Error(raw) => (b",\"error\":", raw),
+        }
+    }
+    const HEAD: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":";
+    let shared = |raw: &SharedRaw| raw.get().len() >= SHARED_FROM;
+    // The copied bytes, counted first: a vector filled to exactly its capacity becomes `Bytes`
+    // without a second allocation, and this runs for every answer.
+    let commas = responses.len().saturating_sub(1);
+    let copied = 2 * usize::from(batch)
+        + commas
+        + responses
+            .iter()
+            .map(|r| {
+                let (key, raw) = parts(r);
+                let inline = if shared(raw) { 0 } else { raw.get().len() };
+                HEAD.len() + r.id.get().len() + key.len() + inline + 1
+            })
+            .sum::<usize>();
+    let mut buf = Vec::with_capacity(copied);
+    // Where a large result goes between copied parts (none for most answers: no allocation).
+    let mut large: Vec<(usize, &SharedRaw)> = Vec::new();
     if batch {
-        buf.put_u8(b'[');
+        buf.push(b'[');
     }
     for (i, r) in responses.iter().enumerate() {
         if i > 0 {
-            buf.put_u8(b',');
+            buf.push(b',');
         }
-        buf.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-        buf.put_slice(r.id.get().as_bytes());
-        let (key, raw): (&[u8], _) = match &r.outcome {
-            Outcome::Result(raw) => (b",\"result\":", raw),
-            Outcome::Error(raw) => (b",\"error\":", raw),
-        };
-        buf.put_slice(key);
-        if raw.get().len() >= SHARED_FROM {
-            chunks.push(buf.split().freeze());
-            chunks.push(Bytes::from_owner(SharedBytes(raw.clone())));
+        buf.extend_from_slice(HEAD);
+        buf.extend_from_slice(r.id.get().as_bytes());
+        let (key, raw) = parts(r);
+        buf.extend_from_slice(key);
+        if shared(raw) {
+            large.push((buf.len(), raw));
         } else {
-            buf.put_slice(raw.get().as_bytes());
+            buf.extend_from_slice(raw.get().as_bytes());
         }
-        buf.put_u8(b'}');
+        buf.push(b'}');
     }
     if batch {
-        buf.put_u8(b']');
+        buf.push(b']');
     }
-    chunks.push(buf.freeze());
+    debug_assert_eq!(buf.len(), copied, "the size counted first is the size written");
+    let buf = Bytes::from(buf);
+    if large.is_empty() {
+        return vec![buf];
+    }
+    let mut chunks = Vec::with_capacity(2 * large.len() + 1);
+    let mut from = 0;
+    for (at, raw) in large {
+        chunks.push(buf.slice(from..at));
+        chunks.push(Bytes::from_owner(SharedBytes(raw.clone())));
+        from = at;
+    }
+    chunks.push(buf.slice(from..));
     chunks
 }
 

@@ -93,31 +93,29 @@ pub fn order(needs: &BlockNeed, members: &[MemberView], rules: Rules) -> Order {
         }
     };
     let pruned = |m: &MemberView| matches!((needs.lowest(), m.lowest), (Some(n), Some(l)) if n < l);
-    let available: Vec<usize> =
-        (0..members.len()).filter(|&i| members[i].serves && members[i].circuit_allows).collect();
-    let keeps: Vec<usize> = available.iter().copied().filter(|&i| !pruned(&members[i])).collect();
-    if keeps.is_empty() && !available.is_empty() {
-        let lowest = available.iter().filter_map(|&i| members[i].lowest).min().unwrap_or(0);
+    // One pass over the members, no intermediate lists: this runs once per upstream call.
+    let available = |m: &&MemberView| m.serves && m.circuit_allows;
+    let keeps = || members.iter().enumerate().filter(|(_, m)| available(m) && !pruned(m));
+    if keeps().next().is_none() && members.iter().any(|m| available(&m)) {
+        let lowest = members.iter().filter(available).filter_map(|m| m.lowest).min().unwrap_or(0);
         return Order::NotCovered { lowest };
     }
-    let classed: Vec<(usize, Option<u8>)> = keeps.into_iter().map(|i| (i, coverage(&members[i]))).collect();
-    let fallback = needs.is_specific() && classed.iter().all(|(_, c)| c.is_none());
+    let fallback = needs.is_specific() && keeps().all(|(_, m)| coverage(m).is_none());
     // Only for a need with a height: a member lacking a block hash says so (it does not answer
     // an empty list for it).
-    if fallback && rules.within_heads && needs.highest().is_some() && !classed.is_empty() {
+    if fallback && rules.within_heads && needs.highest().is_some() && keeps().next().is_some() {
         if let Some(head) = best {
             return Order::BeyondHead { head };
         }
     }
     let mut over_budget = false;
-    let mut ranked: Vec<(u8, u8, bool, u64, f64, usize)> = Vec::with_capacity(classed.len());
-    for (i, class) in classed {
-        let class = match (class, fallback) {
+    let mut ranked: Vec<(u8, u8, bool, u64, f64, usize)> = Vec::with_capacity(members.len());
+    for (i, m) in keeps() {
+        let class = match (coverage(m), fallback) {
             (Some(class), _) => class,
             (None, true) => 2,
             (None, false) => continue,
         };
-        let m = &members[i];
         if !m.within_budget {
             over_budget = true;
             continue;
