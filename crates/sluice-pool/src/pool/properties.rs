@@ -4,6 +4,7 @@ use proptest::prelude::*;
 
 use super::tests::{addr, tip_tx, GWEI};
 use super::*;
+use std::time::Duration;
 
 #[derive(Debug, Clone)]
 enum Op {

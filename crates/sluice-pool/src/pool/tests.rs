@@ -1,6 +1,7 @@
 //! The pool's rules, one test each.
 
 use super::*;
+use std::time::Duration;
 
 pub(super) const GWEI: u128 = 1_000_000_000;
 
