@@ -93,7 +93,8 @@ pub fn order(needs: &BlockNeed, members: &[MemberView], rules: Rules) -> Order {
         }
     };
     let pruned = |m: &MemberView| matches!((needs.lowest(), m.lowest), (Some(n), Some(l)) if n < l);
-    // One pass over the members, no intermediate lists: this runs once per upstream call.
+    // No intermediate lists: this runs once per upstream call, and walking the few members
+    // again is cheaper than allocating a list of them.
     let available = |m: &&MemberView| m.serves && m.circuit_allows;
     let keeps = || members.iter().enumerate().filter(|(_, m)| available(m) && !pruned(m));
     if keeps().next().is_none() && members.iter().any(|m| available(&m)) {
