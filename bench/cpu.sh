@@ -15,9 +15,7 @@ source "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-3}
 C=${C:-64}
 cargo build --release -q -p sluice-bench --bin sluice-baseline
-if [ -n "${PERF:-}${ALLOCS:-}" ] && ! command -v perf >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
-fi
+[ -z "${PERF:-}${ALLOCS:-}" ] || need_perf
 
 start_anvil
 anvil_pid=${pids[-1]}
@@ -76,11 +74,8 @@ print(f'| $name | {r:.0f} | {c:.2f} | {r / br:.2f} | {c / bc:.2f} | {a:.2f} |')"
   echo
 }
 
-port=$(free_port)
-target/release/sluice-baseline --listen "127.0.0.1:$port" forward --to "$ANVIL_URL" >/dev/null &
-pids+=($!); pid_of["bare forwarder"]=$!
-FORWARD="http://127.0.0.1:$port"
-for _ in $(seq 100); do curl -s -o /dev/null "$FORWARD/" -d '{}' && break; sleep 0.1; done
+start_forwarder FORWARD
+pid_of["bare forwarder"]=${pids[-1]}
 passes=("bare forwarder:$FORWARD" "${passes[@]}")
 
 measure "cached eth_blockNumber, c=$C" number "bare server" "${targets[@]}"

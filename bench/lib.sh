@@ -36,6 +36,20 @@ start_sluice() {  # start_sluice VAR [ENV=VALUE …]: starts sluice in front of 
   echo "sluice did not start" >&2; exit 1
 }
 
+need_perf() {  # installs perf when missing (the PERF=1 / ALLOCS=1 options of the CPU scripts)
+  command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null; }
+}
+
+start_forwarder() {  # start_forwarder VAR: the bare forwarder (sluice-baseline) to anvil, sets VAR to its URL
+  local port; port=$(free_port)
+  cargo build --release -q -p sluice-bench --bin sluice-baseline
+  target/release/sluice-baseline --listen "127.0.0.1:$port" forward --to "$ANVIL_URL" >/dev/null &
+  pids+=($!)
+  printf -v "$1" 'http://127.0.0.1:%s' "$port"
+  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" -d '{}' && return; sleep 0.1; done
+  echo "the bare forwarder did not start" >&2; exit 1
+}
+
 rpc() { curl -sf "$1" -H 'content-type: application/json' -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"$2\",\"params\":$3}"; }
 
 lua() {  # lua NAME BODY [API_KEY]: a wrk script POSTing BODY (with x-api-key when given)

@@ -13,6 +13,7 @@
 //! Decisions live in pure code ([`route`], `sluice-jsonrpc`); sockets live here at the edge.
 
 pub mod admin;
+pub mod header_timer;
 pub mod http;
 pub mod network;
 pub mod pipeline;

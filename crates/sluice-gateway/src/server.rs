@@ -4,10 +4,11 @@ use std::future::Future;
 use std::sync::Arc;
 
 use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
+use crate::header_timer::HeaderTimer;
 use crate::network::Target;
 use crate::{http, Gateway};
 
@@ -20,8 +21,9 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
     let (stop, stopping) = watch::channel(false);
     let app = http::router(gateway.clone(), stopping.clone());
     let mut builder = http1::Builder::new();
-    // Slow or silent clients: headers must arrive within the client timeout.
-    builder.timer(TokioTimer::new()).header_read_timeout(limits.client_timeout).keep_alive(true);
+    // Slow or silent clients: headers must arrive within the client timeout (each connection
+    // gets its own `HeaderTimer` below).
+    builder.header_read_timeout(limits.client_timeout).keep_alive(true);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     // Shutdown starts with `/ready` at 503; the listener stays open for `drain_delay` so that
     // load balancers see it and stop sending before connections are refused.
@@ -72,7 +74,8 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
                 tower::ServiceExt::oneshot(router, req).await
             }
         });
-        let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
+        let connection =
+            builder.clone().timer(HeaderTimer::new()).serve_connection(TokioIo::new(stream), service).with_upgrades();
         let mut stopping = stopping.clone();
         tokio::spawn(async move {
             let mut connection = std::pin::pin!(connection);

@@ -194,6 +194,15 @@ async fn slow_and_half_open_clients_are_timed_out() {
         stream.write_all(b"POST / HTTP/1.1\r\nhost: x\r\n").unwrap();
         let (waited, _) = closed_within(stream);
         assert!(waited < Duration::from_secs(3), "half-sent headers held {waited:?}");
+        // Served once, then the next request's headers never finished (the connection's
+        // header timer, moved forward for the second request, still goes off).
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        let call = r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}"#;
+        let first = format!("POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{call}", call.len());
+        stream.write_all(format!("{first}POST / HTTP/1.1\r\nhost: x\r\n").as_bytes()).unwrap();
+        let (waited, text) = closed_within(stream);
+        assert!(waited < Duration::from_secs(3), "half-sent second headers held {waited:?}");
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         // Body promised but never sent: answered 408 with a JSON-RPC error.
         let mut stream = TcpStream::connect(&addr).unwrap();
         stream.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\"").unwrap();

@@ -184,11 +184,9 @@ impl<N: Node> Pool<N> {
             }
             let hedge_to = if first { attempts.peek_after_next() } else { None };
             first = false;
-            let attempt = self.hedged(i, hedge_to, call);
-            let (outcome, answered_by, hedged) = match tokio::time::timeout_at(deadline, attempt).await {
-                Ok(done) => done,
-                Err(_) => return Err(UpstreamError::Timeout(self.config.deadline)),
-            };
+            // Every exchange ends by the deadline itself (its node timeout cut to the time
+            // left): no timer around the attempt as well.
+            let (outcome, answered_by, hedged) = self.hedged(i, hedge_to, call, deadline).await;
             if let Some(j) = hedged {
                 attempts.mark(j); // already asked this call
             }
@@ -196,6 +194,9 @@ impl<N: Node> Pool<N> {
             let suspect = self.suspect(call, &outcome);
             if let Some(answer) = attempts.record(answered_by, outcome, &call.ctx.needs, suspect) {
                 return answer;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(UpstreamError::Timeout(self.config.deadline));
             }
         }
         attempts.finish().map_err(|e| self.unavailable(e))
@@ -216,8 +217,9 @@ impl<N: Node> Pool<N> {
         first: usize,
         second: Option<usize>,
         call: &Call,
+        deadline: tokio::time::Instant,
     ) -> (Result<Outcome, UpstreamError>, usize, Option<usize>) {
-        let one = |i: usize| async move { self.exchange(i, &[&call.req]).await.remove(0) };
+        let one = |i: usize| async move { self.exchange_by(i, &[&call.req], Some(deadline)).await.remove(0) };
         self.hedges.lock().unwrap_or_else(|e| e.into_inner()).on_call();
         let delay = self.config.hedge.delay(&self.members[first].state().recent);
         let (Some(delay), Some(second)) = (delay, second) else { return (one(first).await, first, None) };

@@ -1,9 +1,11 @@
 //! One exchange with a member: its concurrency slot, its budgets (local and shared), the send
 //! under its timeout and trace span, and what the answer does to its health, circuit and rate.
 
+use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
 
 use sluice_jsonrpc::{Outcome, Request};
+use tokio::sync::TryAcquireError;
 use tracing::Instrument;
 
 use super::{is_rate_limited, judge_error, InFlight, Pool, Verdict};
@@ -14,26 +16,56 @@ impl<N: Node> Pool<N> {
     /// health, latency window and circuit. Calls the budgets cannot cover come back
     /// [`UpstreamError::BudgetExhausted`] without being sent.
     pub(super) async fn exchange(&self, i: usize, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
+        self.exchange_by(i, reqs, None).await
+    }
+
+    /// [`Self::exchange`] ending by `deadline`: every wait (a concurrency slot, the rate's
+    /// queue, the shared budget) and the send itself. The node's own timeout is cut to the time
+    /// left, so one timer bounds both (no second timer around the exchange); a send cut short
+    /// by the deadline counts as cancelled, not against the node's health. Past the deadline,
+    /// calls come back [`UpstreamError::Timeout`].
+    pub(super) async fn exchange_by(
+        &self,
+        i: usize,
+        reqs: &[&Request],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Vec<Result<Outcome, UpstreamError>> {
         let member = &self.members[i];
+        let late = || vec![Err(UpstreamError::Timeout(self.config.deadline)); reqs.len()];
         let _slot = match &member.slots {
-            Some(slots) => match slots.clone().acquire_owned().await {
+            // A free slot is taken without a timer; waiting for one ends at the deadline.
+            Some(slots) => match slots.clone().try_acquire_owned() {
                 Ok(permit) => Some(permit),
-                Err(_) => return vec![Err(UpstreamError::NoneAvailable); reqs.len()],
+                Err(TryAcquireError::Closed) => return vec![Err(UpstreamError::NoneAvailable); reqs.len()],
+                Err(TryAcquireError::NoPermits) => match by(deadline, slots.clone().acquire_owned()).await {
+                    Some(Ok(permit)) => Some(permit),
+                    Some(Err(_)) => return vec![Err(UpstreamError::NoneAvailable); reqs.len()],
+                    None => return late(),
+                },
             },
             None => None,
         };
         let (allowed, wait) =
             member.state().spend(reqs.len(), Instant::now(), SystemTime::now(), self.config.budget_wait);
-        let allowed = self.spend_shared(i, allowed).await;
+        let Some(allowed) = self.spend_shared(i, allowed, deadline).await else { return late() };
         if !wait.is_zero() {
             // Its place in the rate's queue (or the provider's Retry-After).
-            tokio::time::sleep(wait).await;
+            let until = tokio::time::Instant::now() + wait;
+            tokio::time::sleep_until(deadline.map_or(until, |d| d.min(until))).await;
+            if deadline.is_some_and(|d| d < until) {
+                return late();
+            }
         }
         let (sent, refused) = reqs.split_at(allowed);
         let mut results = Vec::with_capacity(reqs.len());
         if !sent.is_empty() {
-            let timeout =
+            let own =
                 sent.iter().map(|r| self.timeout_for(&r.method, member)).max().unwrap_or_else(|| member.node.timeout());
+            let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            let timeout = left.map_or(own, |left| left.min(own));
+            if timeout.is_zero() {
+                return late();
+            }
             member.state().health.in_flight += 1;
             let in_flight = InFlight(member);
             let started = Instant::now();
@@ -47,6 +79,10 @@ impl<N: Node> Pool<N> {
             let answer = member.node.send(sent, timeout).instrument(span.clone()).await;
             span.record("outcome", exchange_outcome(&answer));
             drop(in_flight);
+            if timeout < own && matches!(answer, Err(UpstreamError::Timeout(_))) {
+                // Cut short by the call's deadline: as if cancelled, nothing learnt of the node.
+                return late();
+            }
             let healthy = match &answer {
                 Ok(outcomes) => outcomes.iter().all(|o| match o {
                     Ok(Outcome::Error(e)) => judge_error(e) != Verdict::RetryElsewhere,
@@ -90,15 +126,24 @@ impl<N: Node> Pool<N> {
         results
     }
 
-    /// Takes `n` calls of member `i`'s shared budgets, when there are any; how many may go.
-    async fn spend_shared(&self, i: usize, n: usize) -> usize {
+    /// Takes `n` calls of member `i`'s shared budgets, when there are any; how many may go, or
+    /// `None` if the shared store did not answer by `deadline`.
+    async fn spend_shared(&self, i: usize, n: usize, deadline: Option<tokio::time::Instant>) -> Option<usize> {
         let member = &self.members[i];
         match (&self.config.shared_budget, member.limits) {
             (Some(shared), (rate, daily)) if n > 0 && (rate.is_some() || daily.is_some()) => {
-                shared.take(&member.budget_key, rate, daily, n).await
+                by(deadline, shared.take(&member.budget_key, rate, daily, n)).await
             }
-            _ => n,
+            _ => Some(n),
         }
+    }
+}
+
+/// `work`'s output, or `None` once `deadline` passes (no timer without a deadline).
+async fn by<F: Future>(deadline: Option<tokio::time::Instant>, work: F) -> Option<F::Output> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, work).await.ok(),
+        None => Some(work.await),
     }
 }
 

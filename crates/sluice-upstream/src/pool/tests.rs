@@ -308,3 +308,68 @@ async fn transactions_go_to_every_member_in_one_exchange_each() {
     }
     assert_eq!((a_counts.exchanges(), b_counts.exchanges()), (1, 1));
 }
+
+/// A node that answers after `delay`, honouring the timeout it is given as `HttpUpstream` does.
+struct SlowNode {
+    delay: Duration,
+}
+
+#[async_trait]
+impl Node for SlowNode {
+    fn name(&self) -> &str {
+        "slow"
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(5)
+    }
+
+    async fn send(
+        &self,
+        reqs: &[&Request],
+        timeout: Duration,
+    ) -> Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError> {
+        if self.delay > timeout {
+            tokio::time::sleep(timeout).await;
+            return Err(UpstreamError::Timeout(timeout));
+        }
+        tokio::time::sleep(self.delay).await;
+        Ok(reqs.iter().map(|_| ok("\"0x1\"")).collect())
+    }
+}
+
+#[tokio::test]
+async fn the_deadline_ends_a_call_without_counting_against_the_node() {
+    let deadline = Duration::from_millis(100);
+    let pool = Pool::without_prober(
+        vec![MemberConfig::new(SlowNode { delay: Duration::from_secs(10) })],
+        PoolConfig { deadline, ..config() },
+    );
+    let started = tokio::time::Instant::now();
+    let answer = pool.call(&balance_at("latest")).await;
+    assert_eq!(answer.unwrap_err(), UpstreamError::Timeout(deadline));
+    let took = started.elapsed();
+    assert!(
+        took >= deadline && took < Duration::from_secs(2),
+        "{took:?}: answered at the deadline, not the node's 5 s"
+    );
+    // The node was cut short by the call's deadline, not found slow by its own timeout.
+    let mut state = pool.members[0].state();
+    assert_eq!(state.last_error, None);
+    assert!(state.breaker.allow(std::time::Instant::now()));
+}
+
+#[tokio::test]
+async fn a_callers_deadline_ends_a_wait_for_the_rate() {
+    let (mut member, counts) = node("a", |_, _| ok("\"0x1\""));
+    member.rate = Some(1.0);
+    let pool = Pool::without_prober(vec![member], PoolConfig { budget_wait: Duration::from_secs(10), ..config() });
+    assert!(pool.call(&balance_at("0x1")).await.is_ok(), "the first call is within the rate");
+    let mut late = balance_at("0x2");
+    late.ctx.deadline = Some(std::time::Instant::now() + Duration::from_millis(200));
+    let started = tokio::time::Instant::now();
+    assert!(matches!(pool.call(&late).await, Err(UpstreamError::Timeout(_))));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{took:?}: waited for the rate (10 s) past the deadline (200 ms)");
+    assert_eq!(counts.calls(), 1, "the late call never reached the node");
+}
