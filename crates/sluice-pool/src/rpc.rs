@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
-use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
+use sluice_upstream::{Answer, Call, CallFuture, Source, UpstreamError, Upstreams};
 
 use crate::seams::{Origin, PoolView, SubmitError, TxIntake, TxpoolMethod};
 use crate::service::Mempool;
@@ -40,15 +40,7 @@ impl MempoolLayer {
     /// Answers `req` locally when it is a pool call the pool can answer.
     async fn local(&self, req: &Request) -> Option<Outcome> {
         let method = req.method.as_str();
-        if !(method.starts_with("txpool_")
-            || matches!(
-                method,
-                "eth_sendRawTransaction"
-                    | "eth_getTransactionByHash"
-                    | "eth_getTransactionCount"
-                    | "sluice_getTransactionStatus"
-            ))
-        {
+        if !answers(method) {
             return None;
         }
         let params: Vec<Value> = match req.params.as_deref().map(|p| serde_json::from_str(p.get())) {
@@ -117,13 +109,37 @@ impl MempoolLayer {
     }
 }
 
+/// Whether the pool answers `method` itself (or may: `eth_getTransactionCount` only for `pending`).
+fn answers(method: &str) -> bool {
+    method.starts_with("txpool_")
+        || matches!(
+            method,
+            "eth_sendRawTransaction"
+                | "eth_getTransactionByHash"
+                | "eth_getTransactionCount"
+                | "sluice_getTransactionStatus"
+        )
+}
+
 #[async_trait]
 impl Upstreams for MempoolLayer {
-    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
-        match self.local(&call.req).await {
-            Some(outcome) => Ok(Answer { outcome, source: Source::Local }),
-            None => self.inner.call(&self.with_expectation(call)).await,
+    fn call<'a, 'b, 'f>(&'a self, call: &'b Call) -> CallFuture<'f>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        // Calls the pool neither answers nor adds an expectation to go down as the inner
+        // layer's own future: most calls, and every one of them would otherwise pay a box.
+        if !answers(call.method()) && call.method() != "eth_getTransactionReceipt" {
+            return self.inner.call(call);
         }
+        Box::pin(async move {
+            match self.local(&call.req).await {
+                Some(outcome) => Ok(Answer { outcome, source: Source::Local }),
+                None => self.inner.call(&self.with_expectation(call)).await,
+            }
+        })
     }
 
     async fn call_batch(&self, reqs: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {

@@ -32,6 +32,12 @@ pub use heads::{spawn_head_watcher, HeadConfig, HeadFeed};
 pub use http::{HttpUpstream, HttpUpstreamConfig};
 pub use socket::{Notification, UpstreamSocket};
 
+/// The future of [`Upstreams::call`], spelled out for layers that implement `call` by hand so
+/// as to hand down the inner layer's own future for calls they do not touch (no box and no
+/// poll of their own on the path).
+pub type CallFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Answer, UpstreamError>> + Send + 'a>>;
+
 /// Something that answers calls: the upstream pool, or a layer (mempool, logs, cache,
 /// coalescing) wrapping another. The seam of the request path below the gateway.
 #[async_trait]

@@ -15,7 +15,7 @@ use sluice_chain::{BlockTag, ChainView, Resolved};
 use sluice_jsonrpc::{codes, ErrorObject, Outcome};
 use tokio::sync::watch;
 
-use crate::{Answer, Call, Source, UpstreamError, Upstreams};
+use crate::{Answer, Call, CallFuture, Source, UpstreamError, Upstreams};
 
 /// Splitting settings.
 #[derive(Debug, Clone)]
@@ -195,11 +195,22 @@ fn resolve(view: &ChainView, value: Option<&Value>) -> Option<u64> {
 
 #[async_trait]
 impl Upstreams for LogsLayer {
-    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
-        match self.split(call).await {
-            Some(answer) => answer,
-            None => self.inner.call(call).await,
+    fn call<'a, 'b, 'f>(&'a self, call: &'b Call) -> CallFuture<'f>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        // Every other method goes down as the inner layer's own future.
+        if call.method() != "eth_getLogs" {
+            return self.inner.call(call);
         }
+        Box::pin(async move {
+            match self.split(call).await {
+                Some(answer) => answer,
+                None => self.inner.call(call).await,
+            }
+        })
     }
 
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
