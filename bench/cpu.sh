@@ -8,8 +8,9 @@
 # With BEFORE_BIN=PATH, a second sluice (another build) runs beside the first.
 # A second table does the same for pass-through calls (eth_chainId, cache and coalescing off)
 # beside the bare forwarder to the same anvil, with anvil's own CPU per request beside them.
-# With ALLOCS=1 (needs `perf` and a uprobe on the C library's malloc), each server's malloc
-# calls per request are counted during one more run of each kind.
+# With ALLOCS=1 (needs `perf`; a uprobe on mimalloc's allocation entry, or the C library's
+# malloc in a binary without it), each server's allocation calls per request are counted during
+# one more run of each kind.
 #   DURATION=4s ROUNDS=3 [PERF=1] [ALLOCS=1] [BEFORE_BIN=…] bash bench/cpu.sh
 source "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-3}
@@ -82,23 +83,31 @@ measure "cached eth_blockNumber, c=$C" number "bare server" "${targets[@]}"
 measure "pass-through eth_chainId, c=$C" chainid "bare forwarder" "${passes[@]}"
 
 if [ -n "${ALLOCS:-}" ]; then
+  # Allocation calls: mimalloc's entry for Rust allocations (`mi_malloc_aligned`) in a binary
+  # built with it, else the C library's malloc.
   libc=$(ldd target/release/sluice | awk '/libc.so/ {print $3}')
-  perf probe -q -d 'probe_libc:malloc' >/dev/null 2>&1 || true
-  perf probe -q -x "$libc" malloc >/dev/null 2>&1
-  echo "| C library malloc calls per request (perf uprobe, one ${DURATION} run each) | malloc calls per request |"
-  echo "|---|---:|"
+  echo "| allocation calls per request (perf uprobe, one ${DURATION} run each) | allocator | calls per request |"
+  echo "|---|---|---:|"
   for t in "${targets[@]}" "${passes[@]}"; do
     name=${t%%:http*}; url=${t#*:}; pid=${pid_of[$name]}
     script=number; [[ " ${passes[*]} " == *"$t"* ]] && script=chainid
-    perf stat -x, -e probe_libc:malloc -p "$pid" -o "$work/allocs" -- sleep "${DURATION%s}" &
+    exe=$(readlink -f "/proc/$pid/exe")
+    perf probe -q -d 'allocs:*' >/dev/null 2>&1 || true
+    if perf probe -q -x "$exe" -a 'allocs:calls=mi_malloc_aligned' >/dev/null 2>&1; then
+      allocator=mimalloc
+    else
+      perf probe -q -x "$libc" -a 'allocs:calls=malloc' >/dev/null 2>&1
+      allocator="C library"
+    fi
+    perf stat -x, -e allocs:calls -p "$pid" -o "$work/allocs" -- sleep "${DURATION%s}" &
     counting=$!
     out=$(wrk -t1 -c"$C" -d"$DURATION" -s "$work/$script.lua" "$url/")
     wait "$counting"
     n=$(echo "$out" | awk '/requests in/ {print $1}')
-    calls=$(awk -F, '/probe_libc:malloc/ {print $1}' "$work/allocs")
-    python3 -c "print(f'| $name ($script) | {$calls / $n:.1f} |')"
+    calls=$(awk -F, '/allocs:calls/ {print $1}' "$work/allocs")
+    python3 -c "print(f'| $name ($script) | $allocator | {$calls / $n:.1f} |')"
   done
-  perf probe -q -d 'probe_libc:malloc' >/dev/null 2>&1 || true
+  perf probe -q -d 'allocs:*' >/dev/null 2>&1 || true
   echo
 fi
 

@@ -131,6 +131,11 @@ enum ConfigAction {
     Dump(Layers),
 }
 
+/// mimalloc instead of the C library's malloc: a request allocates a few dozen times, often
+/// freed on the other worker thread, where glibc's arenas pay most (docs/benchmarks-wrk.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();

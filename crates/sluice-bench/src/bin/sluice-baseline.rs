@@ -67,6 +67,10 @@ enum What {
     },
 }
 
+/// The same allocator as `sluice`, so that the baselines differ from it only in what they do.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
