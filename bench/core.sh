@@ -21,15 +21,7 @@ start_baseline() {  # start_baseline VAR ARGS…: sets VAR to its URL
 }
 
 start_anvil
-# A block with 200 full transactions: mine them together.
-rpc "$ANVIL_URL" evm_setAutomine '[false]' >/dev/null
-for i in $(seq 200); do
-  rpc "$ANVIL_URL" eth_sendTransaction \
-    '[{"from":"0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266","to":"0x70997970c51812dc3a010c7d01b50e0d17dc79c8","value":"0x1"}]' >/dev/null
-done
-rpc "$ANVIL_URL" evm_mine '[]' >/dev/null
-rpc "$ANVIL_URL" evm_setAutomine '[true]' >/dev/null
-BIG=$(rpc "$ANVIL_URL" eth_blockNumber '[]' | python3 -c 'import json,sys; print(json.load(sys.stdin)["result"])')
+mine_big_block
 
 start_sluice PASS SLUICE_CACHE__ENABLED=false SLUICE_CACHE__COALESCE=false
 start_sluice CACHED

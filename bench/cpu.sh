@@ -6,12 +6,14 @@
 # With PERF=1 (needs `perf`), each server is also sampled during one more run and the split of
 # its CPU between the kernel, the C library and its own code is printed.
 # With BEFORE_BIN=PATH, a second sluice (another build) runs beside the first.
+# With BLOCK=1, a third table does the same for a large cached answer (a block with 200 full
+# transactions) beside a bare server answering its bytes.
 # A second table does the same for pass-through calls (eth_chainId, cache and coalescing off)
 # beside the bare forwarder to the same anvil, with anvil's own CPU per request beside them.
 # With ALLOCS=1 (needs `perf`; a uprobe on mimalloc's allocation entry, or the C library's
 # malloc in a binary without it), each server's allocation calls per request are counted during
 # one more run of each kind.
-#   DURATION=4s ROUNDS=3 [PERF=1] [ALLOCS=1] [BEFORE_BIN=…] bash bench/cpu.sh
+#   DURATION=4s ROUNDS=3 [PERF=1] [ALLOCS=1] [BLOCK=1] [BEFORE_BIN=…] bash bench/cpu.sh
 source "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-3}
 C=${C:-64}
@@ -20,6 +22,7 @@ cargo build --release -q -p sluice-bench --bin sluice-baseline
 
 start_anvil
 anvil_pid=${pids[-1]}
+[ -z "${BLOCK:-}" ] || mine_big_block
 declare -A pid_of
 start_sluice CACHED
 targets=("sluice:$CACHED"); pid_of[sluice]=${pids[-1]}
@@ -40,6 +43,18 @@ target/release/sluice-baseline --listen "127.0.0.1:$port" fixed --body-file "$wo
 pids+=($!); pid_of["bare server"]=$!
 BARE="http://127.0.0.1:$port"
 for _ in $(seq 100); do curl -s -o /dev/null "$BARE/" -d '{}' && break; sleep 0.1; done
+blocks=()
+if [ -n "${BLOCK:-}" ]; then
+  lua block "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"eth_getBlockByNumber\",\"params\":[\"$BIG\",true]}"
+  for url in "${targets[@]#*:}"; do
+    for _ in 1 2; do rpc "$url" eth_getBlockByNumber "[\"$BIG\",true]" >"$work/block.answer"; done
+  done
+  port=$(free_port)
+  target/release/sluice-baseline --listen "127.0.0.1:$port" fixed --body-file "$work/block.answer" >/dev/null &
+  pids+=($!); pid_of["bare server, block"]=$!
+  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" -d '{}' && break; sleep 0.1; done
+  blocks=("bare server, block:http://127.0.0.1:$port" "${targets[@]}")
+fi
 targets=("bare server:$BARE" "${targets[@]}")
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -81,6 +96,8 @@ passes=("bare forwarder:$FORWARD" "${passes[@]}")
 
 measure "cached eth_blockNumber, c=$C" number "bare server" "${targets[@]}"
 measure "pass-through eth_chainId, c=$C" chainid "bare forwarder" "${passes[@]}"
+[ -z "${BLOCK:-}" ] || measure "cached block of 200 txs ($(stat -c %s "$work/block.answer") bytes), c=$C" block \
+  "bare server, block" "${blocks[@]}"
 
 if [ -n "${ALLOCS:-}" ]; then
   # Allocation calls: mimalloc's entry for Rust allocations (`mi_malloc_aligned`) in a binary

@@ -36,6 +36,17 @@ start_sluice() {  # start_sluice VAR [ENV=VALUE …]: starts sluice in front of 
   echo "sluice did not start" >&2; exit 1
 }
 
+mine_big_block() {  # a block with 200 full transactions, mined together; sets BIG to its number
+  rpc "$ANVIL_URL" evm_setAutomine '[false]' >/dev/null
+  for _ in $(seq 200); do
+    rpc "$ANVIL_URL" eth_sendTransaction \
+      '[{"from":"0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266","to":"0x70997970c51812dc3a010c7d01b50e0d17dc79c8","value":"0x1"}]' >/dev/null
+  done
+  rpc "$ANVIL_URL" evm_mine '[]' >/dev/null
+  rpc "$ANVIL_URL" evm_setAutomine '[true]' >/dev/null
+  BIG=$(rpc "$ANVIL_URL" eth_blockNumber '[]' | python3 -c 'import json,sys; print(json.load(sys.stdin)["result"])')
+}
+
 need_perf() {  # installs perf when missing (the PERF=1 / ALLOCS=1 options of the CPU scripts)
   command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null; }
 }
