@@ -30,7 +30,7 @@ use std::time::Duration;
 use sluice_upstream::Upstreams;
 
 pub use network::Network;
-pub use pipeline::{admission_limit, Admitted, Edge, Pipeline, Refused, Reply, ServedBy, Shared};
+pub use pipeline::{admission_limit, Admitted, BodyKind, Edge, Pipeline, Refused, Reply, ServedBy, Shared};
 pub use server::serve;
 
 /// Limits that keep memory and time bounded whatever clients send.
@@ -46,7 +46,8 @@ pub struct Limits {
     /// Most client connections open at once; further clients wait in the accept queue.
     pub max_connections: usize,
     /// Most HTTP requests being answered at once; beyond it, HTTP 429 at once. A tier of
-    /// priority p may use only (10 − p)/10 of it, so lower tiers are shed first.
+    /// priority p may use only (10 − p)/10 of it, so lower tiers are shed first; a body of
+    /// transaction submissions only half of its tier's share, so submissions never crowd out reads.
     pub max_in_flight: usize,
     /// Most subscriptions one WebSocket client may hold.
     pub max_subscriptions_per_socket: usize,

@@ -16,6 +16,11 @@ pub fn is_subscription_method(method: &str) -> bool {
     matches!(method, "eth_subscribe" | "eth_unsubscribe")
 }
 
+/// Methods that submit a signed transaction (they have effects and may wait on verification).
+pub fn is_submission(method: &str) -> bool {
+    matches!(method, "eth_sendRawTransaction" | "eth_sendRawTransactionSync" | "eth_sendRawTransactionConditional")
+}
+
 /// Decides where a call goes. Subscriptions on a WebSocket are handled by the socket session
 /// before reaching the pipeline, so the pipeline only sees them over HTTP.
 pub fn route(method: &str) -> Route {

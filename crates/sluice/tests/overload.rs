@@ -95,3 +95,83 @@ async fn lower_priority_tiers_are_shed_first() {
         high.iter().map(|r| r.0).collect::<Vec<_>>()
     );
 }
+
+/// A flood of transaction submissions must not crowd reads out: a body made only of
+/// submissions may hold at most half of what its caller may hold in flight, so reads are
+/// admitted while submissions wait, and the submissions beyond that half are refused at once.
+/// In front of a real anvil (no mining) through a relay that answers after 2 s: every
+/// submission waits that long for its sender's account state, holding its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_submissions_never_crowd_reads_out() {
+    use sluice_bench::txgen::{Fees, Wallet};
+    let anvil = sluice_testkit::Anvil::spawn_with(&["--no-mining"]);
+    let relay =
+        FakeUpstream::spawn(Fault::Relay { to: anvil.http_url(), delay: Duration::from_secs(2), fail_method: None })
+            .await;
+    let client = reqwest::Client::new();
+    let wallets: Vec<Wallet> = (0..9).map(|i| Wallet::numbered(7_000 + i, 31337)).collect();
+    common::fund_all(&client, &anvil, wallets.iter().map(|w| w.address())).await;
+    let toml = format!(
+        "[limits]\nmax_in_flight = 8\n[cache]\nenabled = false\n[mempool]\nrelay = false\n\
+         [[upstreams]]\nurl = \"{}\"\n",
+        relay.url
+    );
+    let config = common::with_config(&toml);
+    let url = config.sluice.http_url();
+    let to: alloy_primitives::Address = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".parse().unwrap();
+    // The mempool takes transactions once it knows the chain id (through the slow relay too).
+    let first = wallets[8].transfer(0, to, 1, Fees::default()).hex();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = sluice_testkit::rpc(&client, &url, "eth_sendRawTransaction", json!([first])).await;
+        if answer["result"].is_string() {
+            break;
+        }
+        assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("chain id is not known")), "{answer}");
+        assert!(std::time::Instant::now() < deadline, "the mempool learns the chain id: {answer}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let state_reads_before = relay.requests_with("eth_getTransactionCount");
+    let submissions: Vec<_> = wallets[..8]
+        .iter()
+        .map(|w| {
+            let (client, url) = (client.clone(), url.clone());
+            let raw = w.transfer(0, to, 1, Fees::default()).hex();
+            tokio::spawn(async move {
+                let body = json!({"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": [raw]});
+                let response = client.post(&url).json(&body).send().await.unwrap();
+                (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null))
+            })
+        })
+        .collect();
+    // The submissions are in flight once sluice reads their senders' state (the relay holds it).
+    common::eventually(Duration::from_secs(5), "a sender state read reaches the relay", || async {
+        relay.requests_with("eth_getTransactionCount") > state_reads_before
+    })
+    .await;
+    for _ in 0..5 {
+        let response = client
+            .post(&url)
+            .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "txpool_status", "params": []}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 200, "a read is admitted while submissions wait: {body}");
+        assert!(body["result"]["pending"].is_string(), "{body}");
+    }
+    let mut accepted = 0;
+    for submission in submissions {
+        let (status, body) = submission.await.unwrap();
+        match status {
+            200 => {
+                assert!(body["result"].as_str().is_some_and(|h| h.len() == 66), "accepted with its hash: {body}");
+                accepted += 1;
+            }
+            429 => assert_eq!(body["error"]["code"], -32005, "{body}"),
+            other => panic!("HTTP {other}: {body}"),
+        }
+    }
+    assert!((1..=4).contains(&accepted), "submissions hold at most half of max_in_flight: {accepted} accepted");
+}

@@ -21,7 +21,7 @@ use sluice_jsonrpc::{
 use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 
 use crate::policy::{MethodPolicy, Policies};
-use crate::route::{route, Route};
+use crate::route::{is_submission, route, Route};
 use crate::telemetry;
 use crate::AccessControl;
 
@@ -123,9 +123,39 @@ impl Drop for Admitted {
     }
 }
 
+/// What a body asks for, as admission sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    /// Only transaction submissions: each may wait on the mempool's verifiers or the node, and a
+    /// flood of them must not hold every place.
+    Submissions,
+    /// Anything else (reads, or reads mixed with submissions).
+    Other,
+}
+
+impl BodyKind {
+    /// The kind of a parsed body (invalid elements count as "other").
+    pub fn of(items: &[Result<Request, Invalid>]) -> Self {
+        let all_submissions =
+            !items.is_empty() && items.iter().all(|i| i.as_ref().is_ok_and(|r| is_submission(&r.method)));
+        if all_submissions {
+            BodyKind::Submissions
+        } else {
+            BodyKind::Other
+        }
+    }
+}
+
 /// How many bodies a caller of `priority` may find in flight and still be admitted. Pure.
-pub fn admission_limit(max_in_flight: usize, priority: u8) -> usize {
-    max_in_flight * (10 - usize::from(priority.min(9))) / 10
+/// A tier of priority p may use (10 − p)/10 of `max_in_flight`; a body of submissions only half
+/// of that (rounded up), so that waiting submissions never crowd out reads: they are refused
+/// first.
+pub fn admission_limit(max_in_flight: usize, priority: u8, kind: BodyKind) -> usize {
+    let tier = max_in_flight * (10 - usize::from(priority.min(9))) / 10;
+    match kind {
+        BodyKind::Submissions => tier.div_ceil(2),
+        BodyKind::Other => tier,
+    }
 }
 
 /// What every network's pipeline shares: the batch limit, admission (one in-flight count for
@@ -245,7 +275,7 @@ impl Pipeline {
         edge: Edge<'_>,
     ) -> Result<Admitted, Reply> {
         let priority = self.priority(edge);
-        let admitted = self.admit(priority).ok_or_else(|| {
+        let admitted = self.admit(priority, BodyKind::of(items)).ok_or_else(|| {
             metrics::counter!("sluice_requests_shed_total", "priority" => priority.to_string()).increment(1);
             let e = ErrorObject::new(codes::LIMIT_EXCEEDED, "server busy: too many requests in flight; retry shortly");
             Reply { refused: Some(Refused::Busy), ..Reply::local_error(e) }
@@ -278,8 +308,8 @@ impl Pipeline {
         }
     }
 
-    fn admit(&self, priority: u8) -> Option<Admitted> {
-        let limit = admission_limit(self.shared.max_in_flight, priority);
+    fn admit(&self, priority: u8, kind: BodyKind) -> Option<Admitted> {
+        let limit = admission_limit(self.shared.max_in_flight, priority, kind);
         let counter = &self.shared.in_flight;
         counter
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))

@@ -102,12 +102,32 @@ async fn a_single_call_is_answered_as_the_same_call_in_a_batch_of_one() {
 
 #[test]
 fn lower_priorities_get_a_smaller_share_of_the_capacity() {
-    assert_eq!(admission_limit(100, 0), 100);
-    assert_eq!(admission_limit(100, 1), 90);
-    assert_eq!(admission_limit(100, 5), 50);
-    assert_eq!(admission_limit(100, 9), 10);
-    assert_eq!(admission_limit(100, 200), 10, "clamped at 9");
-    assert_eq!(admission_limit(4, 0), 4);
+    let other = BodyKind::Other;
+    assert_eq!(admission_limit(100, 0, other), 100);
+    assert_eq!(admission_limit(100, 1, other), 90);
+    assert_eq!(admission_limit(100, 5, other), 50);
+    assert_eq!(admission_limit(100, 9, other), 10);
+    assert_eq!(admission_limit(100, 200, other), 10, "clamped at 9");
+    assert_eq!(admission_limit(4, 0, other), 4);
+}
+
+#[test]
+fn bodies_of_submissions_only_get_half_of_their_tiers_share() {
+    let kind = |body: &str| match parse_body(body.as_bytes(), 10).expect("parses") {
+        Incoming::Single(item) => BodyKind::of(&[item]),
+        Incoming::Batch(items) => BodyKind::of(&items),
+    };
+    let send = r#"{"jsonrpc":"2.0","id":1,"method":"eth_sendRawTransaction","params":["0x00"]}"#;
+    let read = r#"{"jsonrpc":"2.0","id":2,"method":"eth_getTransactionCount","params":["0x00","pending"]}"#;
+    assert_eq!(kind(send), BodyKind::Submissions);
+    assert_eq!(kind(&format!("[{send},{send}]")), BodyKind::Submissions);
+    assert_eq!(kind(read), BodyKind::Other);
+    assert_eq!(kind(&format!("[{send},{read}]")), BodyKind::Other, "a read in the body makes it a read");
+    assert_eq!(kind(&format!("[{send},1]")), BodyKind::Other, "an invalid element too");
+    assert_eq!(admission_limit(100, 0, BodyKind::Submissions), 50);
+    assert_eq!(admission_limit(100, 5, BodyKind::Submissions), 25);
+    assert_eq!(admission_limit(9, 0, BodyKind::Submissions), 5, "rounded up");
+    assert_eq!(admission_limit(1, 0, BodyKind::Submissions), 1, "never none");
 }
 
 #[tokio::test]
