@@ -1,6 +1,7 @@
 //! Load shedding: beyond `max_in_flight`, requests are refused at once (429, Retry-After,
-//! -32005) instead of queueing; admitted ones keep their latency; lower tiers are shed first.
-//! The upstream is a FakeUpstream that answers after a fixed delay, to hold requests in flight.
+//! -32005) instead of queueing; admitted ones keep their latency; lower tiers are shed first;
+//! submissions are shed before reads. The upstream is a FakeUpstream that answers after a fixed
+//! delay (alone, or relaying to a real anvil), to hold requests in flight.
 
 mod common;
 
