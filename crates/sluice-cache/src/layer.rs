@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sluice_chain::{ChainEvent, ChainView};
-use sluice_jsonrpc::{Outcome, RawValue};
+use sluice_jsonrpc::{Outcome, RawValue, SharedRaw};
 use sluice_upstream::{Answer, Call, HeadFeed, Source, UpstreamError, Upstreams};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -184,9 +184,34 @@ fn store(shared: &Shared, plan: Cacheable, outcome: &Outcome) {
     }
 }
 
-fn local(value: serde_json::Value) -> Answer {
-    let raw = serde_json::value::to_raw_value(&value).unwrap_or_default();
-    Answer { outcome: Outcome::Result(raw.into()), source: Source::Local }
+/// A local answer: the quantity `n` as JSON (`"0x…"`).
+///
+/// The same few values are asked for over and over (the head's number until the next block,
+/// the chain id), so each thread keeps the last ones it wrote and shares them: a hit costs a
+/// reference count, not a formatting, a serialization and two allocations.
+fn local(n: u64) -> Answer {
+    /// Answers kept per thread: the head, the chain id, and the head just before.
+    const KEPT: usize = 4;
+    thread_local! {
+        static RECENT: std::cell::RefCell<[(u64, Option<SharedRaw>); KEPT]> = Default::default();
+    }
+    let raw = RECENT.with(|recent| {
+        let mut recent = recent.borrow_mut();
+        if let Some((_, Some(raw))) = recent.iter().find(|(m, raw)| *m == n && raw.is_some()) {
+            return raw.clone();
+        }
+        let raw: SharedRaw = quantity(n).into();
+        // The oldest goes: entries move down one, the new one is first.
+        recent.rotate_right(1);
+        recent[0] = (n, Some(raw.clone()));
+        raw
+    });
+    Answer { outcome: Outcome::Result(raw), source: Source::Local }
+}
+
+/// `n` as a JSON-RPC quantity (always valid JSON; the default, `null`, is never used).
+fn quantity(n: u64) -> Box<RawValue> {
+    RawValue::from_string(format!("\"0x{n:x}\"")).unwrap_or_default()
 }
 
 #[async_trait]
@@ -281,5 +306,31 @@ impl CacheLayer {
             results[i] = Some(answer);
         }
         results.into_iter().map(|r| r.unwrap_or(Err(UpstreamError::InvalidResponse("no answer")))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(answer: &Answer) -> &str {
+        match &answer.outcome {
+            Outcome::Result(raw) => raw.get(),
+            Outcome::Error(raw) => panic!("an error: {}", raw.get()),
+        }
+    }
+
+    #[test]
+    fn local_answers_are_quantities_shared_while_they_repeat() {
+        let (a, b) = (local(0x64), local(0x64));
+        assert_eq!(text(&a), "\"0x64\"");
+        let (Outcome::Result(a), Outcome::Result(b)) = (&a.outcome, &b.outcome) else { unreachable!() };
+        assert!(Arc::ptr_eq(a, b), "a repeated value is shared, not written again");
+        // More distinct values than kept: each still answers its own number.
+        for n in [0u64, 1, 0x7a69, 0x65, 0x66, 0x64, u64::MAX] {
+            let answer = local(n);
+            assert_eq!(text(&answer), format!("\"0x{n:x}\""));
+            assert_eq!(answer.source, Source::Local);
+        }
     }
 }

@@ -24,8 +24,8 @@ use sluice_chain::{block_position, BlockNeed, BlockTag, ChainView, Resolved};
 pub enum Plan {
     /// Forward unchanged, store nothing.
     Pass,
-    /// Answer from the head tracker.
-    Local(Value),
+    /// Answer from the head tracker: this quantity (the head's number, the chain id).
+    Local(u64),
     /// Cacheable.
     Cache(Cacheable),
 }
@@ -71,10 +71,8 @@ fn block_param(method: &str) -> Option<(usize, bool)> {
 /// Plans one call against a snapshot of the chain.
 pub fn plan(method: &str, params: &str, view: &ChainView) -> Plan {
     match method {
-        "eth_blockNumber" => {
-            return view.latest().map_or(Plan::Pass, |(n, _)| Plan::Local(Value::String(format!("0x{n:x}"))))
-        }
-        "eth_chainId" => return view.chain_id.map_or(Plan::Pass, |id| Plan::Local(Value::String(format!("0x{id:x}")))),
+        "eth_blockNumber" => return view.latest().map_or(Plan::Pass, |(n, _)| Plan::Local(n)),
+        "eth_chainId" => return view.chain_id.map_or(Plan::Pass, Plan::Local),
         _ => {}
     }
     let Ok(Value::Array(mut params)) = serde_json::from_str::<Value>(params) else {
@@ -238,8 +236,8 @@ mod tests {
 
     #[test]
     fn head_methods_are_local() {
-        assert_eq!(plan("eth_blockNumber", "[]", &view()), Plan::Local(Value::String("0x64".into())));
-        assert_eq!(plan("eth_chainId", "[]", &view()), Plan::Local(Value::String("0x7a69".into())));
+        assert_eq!(plan("eth_blockNumber", "[]", &view()), Plan::Local(0x64));
+        assert_eq!(plan("eth_chainId", "[]", &view()), Plan::Local(0x7a69));
         assert_eq!(plan("eth_blockNumber", "[]", &ChainView::default()), Plan::Pass, "no head yet");
     }
 

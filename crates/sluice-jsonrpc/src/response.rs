@@ -140,12 +140,13 @@ pub fn write_chunks(batch: bool, responses: &[Response]) -> Vec<Bytes> {
     chunks
 }
 
-/// An answer as read from an upstream node.
+/// An answer as read from an upstream node, borrowing from its text where nothing needs to
+/// outlive the read (the id is only compared with the one sent).
 #[derive(Debug, Deserialize)]
-pub struct ResponseEnvelope {
+pub struct ResponseEnvelope<'a> {
     /// The id the upstream echoed (sluice sends numeric ids).
-    #[serde(default, deserialize_with = "present")]
-    pub id: Option<Box<RawValue>>,
+    #[serde(default, borrow, deserialize_with = "present_borrowed")]
+    pub id: Option<&'a RawValue>,
     /// The result member, `Some` even when it is JSON `null`.
     #[serde(default, deserialize_with = "present")]
     pub result: Option<Box<RawValue>>,
@@ -158,10 +159,14 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::
     Box::<RawValue>::deserialize(d).map(Some)
 }
 
-impl ResponseEnvelope {
+fn present_borrowed<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+impl ResponseEnvelope<'_> {
     /// The numeric id, if the upstream echoed one of ours.
     pub fn numeric_id(&self) -> Option<u64> {
-        self.id.as_deref().and_then(|raw| raw.get().parse().ok())
+        self.id.and_then(|raw| raw.get().parse().ok())
     }
 
     /// The outcome; `None` when the answer has neither `result` nor `error`.

@@ -171,7 +171,7 @@ fn retry_after(headers: &hyper::HeaderMap) -> Option<Duration> {
 
 /// Reads an answer body: a JSON-RPC answer wins over a bad HTTP status, since some providers
 /// send errors with 4xx/5xx; anything else is classified.
-fn parse_answer<T: serde::de::DeserializeOwned>(reply: &Reply) -> Result<T, UpstreamError> {
+fn parse_answer<'a, T: serde::Deserialize<'a>>(reply: &'a Reply) -> Result<T, UpstreamError> {
     let (status, body) = (reply.status, &reply.body[..]);
     if status == 429 {
         // Rate limited or shedding: the body answers no particular call (its id is null).
@@ -249,8 +249,8 @@ impl HttpUpstream {
             req.write_with_id(itoa::Buffer::new().format(first + i as u64), &mut body);
         }
         body.push(b']');
-        let answers = self.post_within(body, timeout).await.and_then(|reply| parse_batch(&reply));
-        let results = answers.map(|envelopes| {
+        let reply = self.post_within(body, timeout).await;
+        let results = reply.as_ref().map_err(Clone::clone).and_then(parse_batch).map(|envelopes| {
             // Nodes may answer a batch in any order: place each answer by its id.
             let mut results = vec![Err(UpstreamError::InvalidResponse("batch answer missing")); reqs.len()];
             for env in envelopes {
@@ -274,7 +274,7 @@ impl HttpUpstream {
 /// Reads a batch answer. A node that refuses the batch as a whole (HTTP 413, or one error
 /// object instead of an array, as geth and most providers answer an over-long batch) gives
 /// [`UpstreamError::BatchRefused`], so that the pool can split it.
-fn parse_batch(reply: &Reply) -> Result<Vec<ResponseEnvelope>, UpstreamError> {
+fn parse_batch(reply: &Reply) -> Result<Vec<ResponseEnvelope<'_>>, UpstreamError> {
     if reply.status == 413 {
         return Err(UpstreamError::BatchRefused);
     }
