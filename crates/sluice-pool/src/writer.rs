@@ -372,11 +372,15 @@ impl Writer {
                 next.senders.remove(&sender);
                 continue;
             };
-            let (pending, queued) = self.pool.content_of(&sender);
-            let lookup = |list: Vec<Arc<crate::PoolTx>>| -> Vec<Arc<Pooled>> {
-                list.iter().filter_map(|t| self.txs.get(&t.hash).cloned()).collect()
-            };
-            let view = SenderView { pending_nonce, pending: lookup(pending), queued: lookup(queued) };
+            let mut view = SenderView { pending_nonce, ..SenderView::default() };
+            if let Some((pending, txs)) = self.pool.txs_of(&sender) {
+                view.pending.reserve_exact(pending);
+                for (i, t) in txs.enumerate() {
+                    if let Some(p) = self.txs.get(&t.hash) {
+                        if i < pending { &mut view.pending } else { &mut view.queued }.push(p.clone());
+                    }
+                }
+            }
             // Both lists are in nonce order: a transaction was pending before when the old list
             // has it at its nonce.
             let was_pending = |p: &Arc<Pooled>| {

@@ -124,11 +124,18 @@ impl Pool {
 
     /// A sender's transactions split into (pending, queued), by nonce.
     pub fn content_of(&self, sender: &Address) -> (Vec<Arc<PoolTx>>, Vec<Arc<PoolTx>>) {
-        let Some(s) = self.senders.get(sender) else { return (Vec::new(), Vec::new()) };
-        let pending = s.pending;
-        let all: Vec<Arc<PoolTx>> = s.txs.values().cloned().collect();
+        let Some((pending, txs)) = self.txs_of(sender) else { return (Vec::new(), Vec::new()) };
+        let all: Vec<Arc<PoolTx>> = txs.cloned().collect();
         let (p, q) = all.split_at(pending);
         (p.to_vec(), q.to_vec())
+    }
+
+    /// A sender's transactions by nonce, with how many of the first ones are pending; `None`
+    /// when it has none. Borrowed: the writer rebuilds a sender's view from it on every
+    /// change, without copying the lists first.
+    pub fn txs_of(&self, sender: &Address) -> Option<(usize, impl Iterator<Item = &Arc<PoolTx>> + '_)> {
+        let s = self.senders.get(sender)?;
+        Some((s.pending, s.txs.values()))
     }
 
     /// Starts recording changes, so that [`Pool::rollback`] can undo them (the writer
