@@ -214,6 +214,13 @@ impl Round {
     fn intake_us(&self) -> f64 {
         self.cpu.iter().filter(|(g, _)| g != "bench main").map(|(_, us)| us).sum()
     }
+
+    /// Recovery alone (`decode_1` tx/s on one thread) against the whole intake, by CPU per
+    /// transaction: steadier on a shared machine, whose speed drifts between the ceiling's
+    /// run and the intake's, than the ratio of rates.
+    fn by_cpu(&self, decode_1: f64) -> f64 {
+        1e6 / decode_1 / self.intake_us()
+    }
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -299,15 +306,13 @@ fn main() {
             for (group, us) in &r.cpu {
                 println!("| round {n}: CPU per transaction in batched insert, {group} threads | {us:.2} µs |");
             }
-            // By CPU rather than wall time: steadier on a shared machine, whose speed drifts
-            // between the ceiling's run and the intake's.
             println!(
                 "| round {n}: decode + recover alone / whole intake, by CPU per transaction | {:.2}× |",
-                1e6 / decode_1 / r.intake_us()
+                r.by_cpu(decode_1)
             );
         }
         let by_wall = median(rounds_done.iter().map(|r| r.intake / r.ceiling).collect());
-        let by_cpu = median(rounds_done.iter().map(|r| 1e6 / decode_1 / r.intake_us()).collect());
+        let by_cpu = median(rounds_done.iter().map(|r| r.by_cpu(decode_1)).collect());
         let last = rounds_done.last().expect("at least one round");
         println!("| batched / single (last round) | {:.1}× |", last.intake / single);
         println!("| batched / the ceiling, median of {} rounds | {by_wall:.2}× |", rounds_done.len());
