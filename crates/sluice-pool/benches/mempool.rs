@@ -26,6 +26,10 @@ use sluice_pool::journal::Sync;
 use sluice_pool::{Mempool, MempoolConfig, Origin, PoolView, Rules, TxIntake};
 use sluice_upstream::HeadFeed;
 
+/// The allocator the `sluice` binary ships with, so that the bench measures what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const NONCES: u64 = 10;
 
 /// `cargo bench` passes `--bench`; under `cargo test` the same code runs as a quick smoke test.

@@ -141,7 +141,7 @@ impl<T: Send + 'static> Verifier<T> {
                         },
                         Err(_) => true,
                     };
-                    let mut group = Vec::new();
+                    let mut group = Vec::with_capacity(jobs.len());
                     for job in jobs.drain(..) {
                         let verified = decode(&job.raw, &job.rules, Instant::now());
                         match job.deliver {

@@ -263,7 +263,7 @@ impl Writer {
         if self.journal.is_some() {
             self.pool.checkpoint();
         }
-        let mut accepted = Vec::new();
+        let mut accepted = Vec::with_capacity(journaled.len());
         for s in journaled {
             match self.pool.insert(s.pooled.tx.clone(), s.nonce, s.balance) {
                 Ok(done) => accepted.push((s, done)),

@@ -342,6 +342,12 @@ impl Pool {
         self.save(sender);
         let Some(s) = self.senders.get_mut(sender) else { return Vec::new() };
         s.nonce = s.nonce.max(nonce);
+        // Every insert comes here with its sender's nonce: most often nothing is below it, and
+        // splitting would still rebuild the sender's tree.
+        if s.txs.first_key_value().is_none_or(|(&first, _)| first >= nonce) {
+            self.touch(sender);
+            return Vec::new();
+        }
         let keep = s.txs.split_off(&nonce);
         let gone: Vec<B256> = std::mem::replace(&mut s.txs, keep).into_values().map(|t| t.hash).collect();
         for hash in &gone {
