@@ -9,7 +9,8 @@
 # With BLOCK=1, a third table does the same for a large cached answer (a block with 200 full
 # transactions) beside a bare server answering its bytes.
 # A second table does the same for pass-through calls (eth_chainId, cache and coalescing off)
-# beside the bare forwarder to the same anvil, with anvil's own CPU per request beside them.
+# beside the bare forwarder to the same anvil (and the same forwarder through hyper-util's
+# general client), with anvil's own CPU per request beside them.
 # With ALLOCS=1 (needs `perf`; a uprobe on mimalloc's allocation entry, or the C library's
 # malloc in a binary without it), each server's allocation calls per request are counted during
 # one more run of each kind.
@@ -92,7 +93,11 @@ print(f'| $name | {r:.0f} | {c:.2f} | {r / br:.2f} | {c / bc:.2f} | {a:.2f} |')"
 
 start_forwarder FORWARD
 pid_of["bare forwarder"]=${pids[-1]}
-passes=("bare forwarder:$FORWARD" "${passes[@]}")
+# The same forwarder through hyper-util's general client, whose pool costs more per request
+# than the keep-alive connections sluice and the bare forwarder share.
+start_forwarder FORWARD_GENERAL --general-client
+pid_of["bare forwarder, general client"]=${pids[-1]}
+passes=("bare forwarder:$FORWARD" "bare forwarder, general client:$FORWARD_GENERAL" "${passes[@]}")
 
 measure "cached eth_blockNumber, c=$C" number "bare server" "${targets[@]}"
 measure "pass-through eth_chainId, c=$C" chainid "bare forwarder" "${passes[@]}"

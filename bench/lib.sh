@@ -51,12 +51,12 @@ need_perf() {  # installs perf when missing (the PERF=1 / ALLOCS=1 options of th
   command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null; }
 }
 
-start_forwarder() {  # start_forwarder VAR: the bare forwarder (sluice-baseline) to anvil, sets VAR to its URL
-  local port; port=$(free_port)
+start_forwarder() {  # start_forwarder VAR [FLAG…]: the bare forwarder (sluice-baseline) to anvil, sets VAR to its URL
+  local port var=$1; shift; port=$(free_port)
   cargo build --release -q -p sluice-bench --bin sluice-baseline
-  target/release/sluice-baseline --listen "127.0.0.1:$port" forward --to "$ANVIL_URL" >/dev/null &
+  target/release/sluice-baseline --listen "127.0.0.1:$port" forward --to "$ANVIL_URL" "$@" >/dev/null &
   pids+=($!)
-  printf -v "$1" 'http://127.0.0.1:%s' "$port"
+  printf -v "$var" 'http://127.0.0.1:%s' "$port"
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" -d '{}' && return; sleep 0.1; done
   echo "the bare forwarder did not start" >&2; exit 1
 }

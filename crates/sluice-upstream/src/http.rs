@@ -8,12 +8,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use sluice_jsonrpc::{Outcome, Request, ResponseEnvelope};
 
 use crate::batcher::Batcher;
+use crate::keepalive::Connections;
 use crate::{Answer, Node, UpstreamError};
 
 /// Settings for an [`HttpUpstream`].
@@ -36,8 +34,7 @@ pub struct HttpUpstreamConfig {
 #[derive(Clone)]
 pub struct HttpUpstream {
     pub(crate) config: HttpUpstreamConfig,
-    uri: hyper::Uri,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    connections: Arc<Connections>,
     next_id: Arc<AtomicU64>,
     metrics: Arc<std::sync::OnceLock<Handles>>,
     /// Single calls meeting within a window leave as one batch (`batch_window`).
@@ -66,26 +63,18 @@ struct Handles {
 }
 
 impl HttpUpstream {
-    /// Builds a client; fails if the URL is not an `http://` URL.
+    /// Builds a client; fails if the URL is not an `http://` or `https://` URL.
     pub fn new(config: HttpUpstreamConfig) -> Result<Self, String> {
         let uri: hyper::Uri = config.url.parse().map_err(|e| format!("bad upstream URL {:?}: {e}", config.url))?;
-        if !matches!(uri.scheme_str(), Some("http") | Some("https")) {
-            return Err(format!("upstream URL {:?}: use http:// or https://", config.url));
-        }
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(config.timeout.min(Duration::from_secs(5))));
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config((*crate::tls::client_config()).clone())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .build(connector);
-        Ok(Self { config, uri, client, next_id: Arc::new(AtomicU64::new(1)), metrics: Arc::default(), batcher: None })
+        let connect_timeout = config.timeout.min(Duration::from_secs(5));
+        let connections = Connections::new(&uri, connect_timeout, 1024, Duration::from_secs(60))?;
+        Ok(Self {
+            config,
+            connections: Arc::new(connections),
+            next_id: Arc::new(AtomicU64::new(1)),
+            metrics: Arc::default(),
+            batcher: None,
+        })
     }
 
     /// Sends single calls that meet within `window` as one JSON-RPC batch of at most `max`
@@ -105,12 +94,11 @@ impl HttpUpstream {
         // and extensions of its own): this runs once per upstream call.
         let mut request = hyper::Request::new(Full::new(Bytes::from(body)));
         *request.method_mut() = hyper::Method::POST;
-        *request.uri_mut() = self.uri.clone();
         request.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         // The W3C trace context of this exchange's span, when traces are on.
         sluice_telemetry::inject(request.headers_mut());
         let exchange = async {
-            let response = self.client.request(request).await.map_err(|e| {
+            let (response, connection) = self.connections.send(request).await.map_err(|e| {
                 tracing::warn!(upstream = %self.config.name, error = %e, "upstream request failed");
                 UpstreamError::Unreachable
             })?;
@@ -128,6 +116,8 @@ impl HttpUpstream {
                     }
                 })?
                 .to_bytes();
+            // Read to its end: the connection can carry the next exchange.
+            connection.done();
             Ok(Reply { status, retry_after, body })
         };
         tokio::time::timeout(timeout, exchange).await.map_err(|_| UpstreamError::Timeout(timeout))?

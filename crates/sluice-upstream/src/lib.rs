@@ -16,6 +16,7 @@ mod call;
 mod error;
 mod heads;
 mod http;
+mod keepalive;
 pub mod logs;
 pub mod pool;
 mod socket;
@@ -30,6 +31,7 @@ pub use call::{Call, CallCtx, Origin, DEFAULT_NETWORK};
 pub use error::UpstreamError;
 pub use heads::{spawn_head_watcher, HeadConfig, HeadFeed};
 pub use http::{HttpUpstream, HttpUpstreamConfig};
+pub use keepalive::{Connections, Lease};
 pub use socket::{Notification, UpstreamSocket};
 
 /// The future of [`Upstreams::call`], spelled out for layers that implement `call` by hand so

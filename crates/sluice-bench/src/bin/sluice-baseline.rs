@@ -2,7 +2,10 @@
 //! benchmark tool, not part of the `sluice` binary.
 //!
 //! * `sluice-baseline forward --to URL`: a bare HTTP forwarder (hyper, keep-alive both ways),
-//!   body bytes in and out, no JSON parsing: what any gateway costs at least.
+//!   body bytes in and out, no JSON parsing: what any gateway costs at least. It reaches the
+//!   node through the same keep-alive connections as sluice (`sluice_upstream::Connections`);
+//!   with `--general-client`, through hyper-util's general client instead, which costs more
+//!   per request (see docs/benchmarks-wrk.md).
 //! * `sluice-baseline fixed --body-file F`: a bare server answering every request with the same
 //!   bytes: what answering from memory costs at least.
 //!
@@ -17,6 +20,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
@@ -29,6 +33,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use sluice_upstream::Connections;
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
@@ -48,6 +53,10 @@ enum What {
         /// The node, `http://HOST:PORT`.
         #[arg(long)]
         to: String,
+        /// Reach the node through hyper-util's general client (pool keyed by origin) rather
+        /// than sluice's keep-alive connections to one node.
+        #[arg(long)]
+        general_client: bool,
     },
     /// Answer every request with the bytes of FILE.
     Fixed {
@@ -83,7 +92,34 @@ async fn main() -> anyhow::Result<()> {
     let listener = TcpListener::bind(cli.listen).await?;
     println!("baseline listening on http://{}", listener.local_addr()?);
     match cli.what {
-        What::Forward { to } => {
+        What::Forward { to, general_client: false } => {
+            let connections = Arc::new(
+                Connections::new(&to.parse()?, Duration::from_secs(5), 1024, Duration::from_secs(60))
+                    .map_err(anyhow::Error::msg)?,
+            );
+            serve(listener, move |req: Request<Incoming>| {
+                let connections = connections.clone();
+                async move {
+                    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                    let mut forwarded = Request::new(Full::new(body));
+                    *forwarded.method_mut() = hyper::Method::POST;
+                    forwarded.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    let answer = match connections.send(forwarded).await {
+                        Ok((response, lease)) => {
+                            let body = response.into_body().collect().await.map(|b| b.to_bytes()).ok();
+                            if body.is_some() {
+                                lease.done();
+                            }
+                            body
+                        }
+                        Err(_) => None,
+                    };
+                    Ok::<_, Infallible>(answer.map_or_else(bad_gateway, json))
+                }
+            })
+            .await
+        }
+        What::Forward { to, general_client: true } => {
             let uri: hyper::Uri = to.parse()?;
             let mut connector = HttpConnector::new();
             connector.set_nodelay(true);
@@ -103,14 +139,7 @@ async fn main() -> anyhow::Result<()> {
                         Ok(response) => response.into_body().collect().await.map(|b| b.to_bytes()).ok(),
                         Err(_) => None,
                     };
-                    Ok::<_, Infallible>(match answer {
-                        Some(bytes) => json(bytes),
-                        None => {
-                            let mut r = Response::new(Full::new(Bytes::new()));
-                            *r.status_mut() = StatusCode::BAD_GATEWAY;
-                            r
-                        }
-                    })
+                    Ok::<_, Infallible>(answer.map_or_else(bad_gateway, json))
                 }
             })
             .await
@@ -163,6 +192,12 @@ fn id_span(body: &[u8]) -> Option<(usize, usize)> {
     let key = body.windows(5).position(|w| w == b"\"id\":")? + 5;
     let len = body[key..].iter().position(|b| matches!(b, b',' | b'}'))?;
     Some((key, key + len))
+}
+
+fn bad_gateway() -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::BAD_GATEWAY;
+    response
 }
 
 fn json(bytes: Bytes) -> Response<Full<Bytes>> {

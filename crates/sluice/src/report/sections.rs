@@ -98,7 +98,7 @@ pub(super) async fn baseline_section(
     Ok(Section {
         title: "a″. Against the machine's limits: bare baselines in the same run".into(),
         note: "`sluice-baseline forward` is a bare hyper forwarder to the same anvil (body bytes in and out, no JSON \
-               parsing); `sluice-baseline fixed --echo-id` answers every request with the bytes sluice answers from \
+               parsing, through the same keep-alive connections as sluice); `sluice-baseline fixed --echo-id` answers every request with the bytes sluice answers from \
                its cache, with the caller's id put back. Either is what any gateway costs at least on this machine, \
                so the ratio is sluice's own cost. The generator here is `sluice bench rpc`, heavier than wrk: \
                compare its CPU column with the cores; `bench/core.sh` measures the same with wrk \

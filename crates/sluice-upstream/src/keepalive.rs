@@ -1,0 +1,360 @@
+//! The keep-alive HTTP/1.1 connections to one node.
+//!
+//! hyper-util's general client serves any number of origins, and pays for it on every
+//! request: it hashes a pool key, takes the pool's lock to check a connection out and again
+//! to put it back, clones its connector for a connection it will usually not make, formats a
+//! `Host` header, and, when the connection is not ready for its next request as the answer's
+//! head arrives (its body still to read, the usual case), spawns a task to wait for it. A node
+//! has one origin, and an exchange reads its whole answer before it ends, so here a connection
+//! goes back onto a stack once its answer has been read; the next exchange to take it waits,
+//! in line, for hyper to be ready for the next request (at once, nearly always).
+//!
+//! A connection whose answer was not read to its end (a timeout, an answer over the size
+//! limit, a broken body) is dropped, never reused. A pooled connection the node has closed
+//! meanwhile is skipped, and a request it refused before sending anything is sent on
+//! another connection, as hyper-util does.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::{HeaderValue, HOST};
+use hyper::{Request, Response, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use tower_service::Service;
+
+/// The body every exchange sends: one JSON-RPC call or batch, already serialized.
+type Body = Full<Bytes>;
+
+/// Why an exchange could not be had; the caller classifies and logs it.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The idle keep-alive connections to one node, and how to make more. Shared by reference
+/// (each [`HttpUpstream`](crate::HttpUpstream) holds one in an `Arc`).
+pub struct Connections {
+    connector: HttpsConnector<HttpConnector>,
+    /// Where connections are made to (scheme, host, port).
+    origin: Uri,
+    /// What requests ask for: the URL's path and query, in origin form.
+    target: Uri,
+    /// The `Host` header every request carries (HTTP/1.1 requires it).
+    host: HeaderValue,
+    /// Idle connections, the most recently used last: taken from the back (a warm socket),
+    /// pruned from the front.
+    idle: Mutex<VecDeque<Idle>>,
+    max_idle: usize,
+    idle_timeout: Duration,
+}
+
+struct Idle {
+    sender: SendRequest<Body>,
+    since: Instant,
+}
+
+impl Idle {
+    fn usable(&self, now: Instant, idle_timeout: Duration) -> bool {
+        !self.sender.is_closed() && now.duration_since(self.since) < idle_timeout
+    }
+}
+
+/// A connection lent to one exchange. [`Lease::done`] puts it back once the answer has been
+/// read to its end; dropped without that, the connection is closed.
+pub struct Lease<'a> {
+    sender: Option<SendRequest<Body>>,
+    connections: &'a Connections,
+}
+
+impl Lease<'_> {
+    /// The answer was read whole: the connection can carry the next exchange.
+    pub fn done(mut self) {
+        if let Some(sender) = self.sender.take() {
+            self.connections.put(sender);
+        }
+    }
+}
+
+impl Connections {
+    /// Connections to the node at `url` (`http://` or `https://`, with the webpki roots or the
+    /// certificate file set for upstreams), at most `max_idle` kept idle, each for at most
+    /// `idle_timeout`.
+    pub fn new(url: &Uri, connect_timeout: Duration, max_idle: usize, idle_timeout: Duration) -> Result<Self, String> {
+        if !matches!(url.scheme_str(), Some("http") | Some("https")) {
+            return Err(format!("upstream URL {url}: use http:// or https://"));
+        }
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(connect_timeout));
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config((*crate::tls::client_config()).clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let name = url.host().ok_or_else(|| format!("upstream URL {url} has no host"))?;
+        // As hyper-util writes it: no user info, and the port only when not the scheme's own.
+        let host = match (url.port_u16(), url.scheme_str()) {
+            (Some(80), Some("http")) | (Some(443), Some("https")) | (None, _) => name.to_owned(),
+            (Some(port), _) => format!("{name}:{port}"),
+        };
+        let host = HeaderValue::from_str(&host).map_err(|e| format!("upstream URL {url}: {e}"))?;
+        let path = url.path_and_query().map_or("/", |p| p.as_str());
+        let target: Uri = path.parse().map_err(|e| format!("upstream URL {url}: {e}"))?;
+        Ok(Self { connector, origin: url.clone(), target, host, idle: Mutex::default(), max_idle, idle_timeout })
+    }
+
+    /// Sends `request` (its URI and `Host` are set here) and gives the answer with the
+    /// connection it came on.
+    pub async fn send(
+        &self,
+        mut request: Request<Body>,
+    ) -> Result<(Response<hyper::body::Incoming>, Lease<'_>), Error> {
+        *request.uri_mut() = self.target.clone();
+        request.headers_mut().insert(HOST, self.host.clone());
+        // Each pass takes an idle connection (fewer each time) or makes a new one, which ends
+        // the loop either way.
+        loop {
+            let (mut sender, reused) = match self.take() {
+                Some(sender) => (sender, true),
+                None => (self.connect().await?, false),
+            };
+            if let Err(e) = sender.ready().await {
+                if reused {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok((response, Lease { sender: Some(sender), connections: self })),
+                Err(mut e) => match e.take_message() {
+                    // Not sent: the node closed a kept-alive connection as it was taken.
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(e.into_error().into()),
+                },
+            }
+        }
+    }
+
+    /// The most recently used idle connection still open and not idle for too long.
+    fn take(&self) -> Option<SendRequest<Body>> {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(entry) = idle.pop_back() {
+            if entry.usable(now, self.idle_timeout) {
+                return Some(entry.sender);
+            }
+        }
+        None
+    }
+
+    fn put(&self, sender: SendRequest<Body>) {
+        if sender.is_closed() || self.max_idle == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        // Stale entries leave from the front as connections come back: no sweeper task.
+        while idle.front().is_some_and(|oldest| !oldest.usable(now, self.idle_timeout)) {
+            idle.pop_front();
+        }
+        if idle.len() >= self.max_idle {
+            idle.pop_front();
+        }
+        idle.push_back(Idle { sender, since: now });
+    }
+
+    /// Opens a connection (TLS for `https://`) and starts the task that drives it; the task
+    /// ends when the connection closes or its last handle is gone.
+    async fn connect(&self) -> Result<SendRequest<Body>, Error> {
+        let mut connector = self.connector.clone();
+        std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
+        let stream = connector.call(self.origin.clone()).await?;
+        let (sender, connection) = http1::handshake(stream).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Idle connections held now, and how many of them are still open (for tests).
+    #[cfg(test)]
+    fn idle_counts(&self) -> (usize, usize) {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        (idle.len(), idle.iter().filter(|i| !i.sender.is_closed()).count())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against a stand-in HTTP/1.1 server on loopback (a fake, so that connections can be
+    //! counted and closed at will); answers from real nodes are tested through the gateway.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A stand-in node: answers each request with `{"ok":true}`, records each request head,
+    /// counts connections; with `one_per_connection`, closes a connection after one answer
+    /// (without saying so in the answer, as a node ending an idle keep-alive does).
+    struct StandIn {
+        url: Uri,
+        accepted: Arc<AtomicUsize>,
+        heads: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl StandIn {
+        async fn start(one_per_connection: bool) -> Self {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}/rpc?x=1", listener.local_addr().unwrap()).parse().unwrap();
+            let accepted = Arc::new(AtomicUsize::new(0));
+            let heads = Arc::new(Mutex::new(Vec::new()));
+            let (count, record) = (accepted.clone(), heads.clone());
+            tokio::spawn(async move {
+                while let Ok((mut socket, _)) = listener.accept().await {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let record = record.clone();
+                    tokio::spawn(async move {
+                        let mut buf = Vec::new();
+                        loop {
+                            let Some(end) = read_head(&mut socket, &mut buf).await else { return };
+                            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                            let length = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            while buf.len() < end + length {
+                                if socket.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                                    return;
+                                }
+                            }
+                            buf.drain(..end + length);
+                            record.lock().unwrap().push(head);
+                            let body = r#"{"ok":true}"#;
+                            let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                            if socket.write_all(answer.as_bytes()).await.is_err() || one_per_connection {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+            Self { url, accepted, heads }
+        }
+
+        fn connections(&self) -> Connections {
+            Connections::new(&self.url, Duration::from_secs(5), 16, Duration::from_secs(60)).unwrap()
+        }
+    }
+
+    /// Reads until a request head is complete; its length with the blank line.
+    async fn read_head(socket: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+        loop {
+            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                return Some(at + 4);
+            }
+            if socket.read_buf(buf).await.ok()? == 0 {
+                return None;
+            }
+        }
+    }
+
+    fn request() -> Request<Body> {
+        let mut request = Request::new(Full::new(Bytes::from_static(b"{}")));
+        *request.method_mut() = hyper::Method::POST;
+        request
+    }
+
+    /// One exchange read to its end, its connection put back.
+    async fn exchange(connections: &Connections) -> Bytes {
+        let (response, lease) = connections.send(request()).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        lease.done();
+        body
+    }
+
+    /// Waits (bounded) until no idle connection is open any more.
+    async fn until_idle_closed(connections: &Connections) {
+        for _ in 0..1000 {
+            if connections.idle_counts().1 == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the idle connection never closed: {:?}", connections.idle_counts());
+    }
+
+    #[tokio::test]
+    async fn exchanges_one_after_another_share_one_connection_with_the_urls_target_and_host() {
+        let node = StandIn::start(false).await;
+        let connections = node.connections();
+        for _ in 0..50 {
+            assert_eq!(&exchange(&connections).await[..], br#"{"ok":true}"#);
+        }
+        assert_eq!(node.accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(connections.idle_counts(), (1, 1));
+        let head = node.heads.lock().unwrap()[0].clone();
+        assert!(head.starts_with("post /rpc?x=1 http/1.1\r\n"), "{head}");
+        let port = node.url.port_u16().unwrap();
+        assert!(head.contains(&format!("\r\nhost: 127.0.0.1:{port}\r\n")), "{head}");
+    }
+
+    #[tokio::test]
+    async fn concurrent_exchanges_open_one_connection_each_and_keep_them() {
+        let node = StandIn::start(false).await;
+        let connections = node.connections();
+        let answers = futures_util::future::join_all((0..8).map(|_| exchange(&connections))).await;
+        assert!(answers.iter().all(|a| &a[..] == br#"{"ok":true}"#));
+        let opened = node.accepted.load(Ordering::SeqCst);
+        assert!((1..=8).contains(&opened), "{opened}");
+        assert_eq!(connections.idle_counts().0, opened);
+        // Taken again, not opened again.
+        let _ = futures_util::future::join_all((0..opened).map(|_| exchange(&connections))).await;
+        assert_eq!(node.accepted.load(Ordering::SeqCst), opened);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_node_closed_while_idle_is_passed_over() {
+        let node = StandIn::start(true).await;
+        let connections = node.connections();
+        exchange(&connections).await;
+        until_idle_closed(&connections).await;
+        assert_eq!(&exchange(&connections).await[..], br#"{"ok":true}"#);
+        assert_eq!(node.accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_answer_was_not_read_to_its_end_is_not_reused() {
+        let node = StandIn::start(false).await;
+        let connections = node.connections();
+        let (response, lease) = connections.send(request()).await.unwrap();
+        drop((response, lease));
+        assert_eq!(connections.idle_counts(), (0, 0));
+        exchange(&connections).await;
+        assert_eq!(node.accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn no_more_than_max_idle_connections_are_kept() {
+        let node = StandIn::start(false).await;
+        let connections = node.connections();
+        let leases = futures_util::future::join_all((0..20).map(|_| connections.send(request()))).await;
+        assert_eq!(node.accepted.load(Ordering::SeqCst), 20);
+        for result in leases {
+            let (response, lease) = result.unwrap();
+            response.into_body().collect().await.unwrap();
+            lease.done();
+        }
+        assert_eq!(connections.idle_counts().0, 16);
+    }
+}
