@@ -335,13 +335,16 @@ async fn relay(to: &str, body: Vec<u8>) -> (u16, String) {
 /// Reads one HTTP/1.1 request and returns its body.
 async fn read_request(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
+    Ok(read_http_request(stream, &mut buf).await?.map(|(_, body)| body).unwrap_or_default())
+}
+
+/// Reads one HTTP/1.1 request from a connection that may carry more (what follows it stays in
+/// `buf` for the next call): its head, lowercased, and its body; `None` once the peer closes.
+pub async fn read_http_request(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<(String, Vec<u8>)>> {
     loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        buf.extend_from_slice(&chunk[..n]);
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
             let length = head
@@ -349,15 +352,17 @@ async fn read_request(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
                 .find_map(|l| l.strip_prefix("content-length:"))
                 .and_then(|v| v.trim().parse::<usize>().ok())
                 .unwrap_or(0);
-            let mut body = buf[end + 4..].to_vec();
-            while body.len() < length {
-                let n = stream.read(&mut chunk).await?;
-                if n == 0 {
-                    break;
+            while buf.len() < end + 4 + length {
+                if stream.read_buf(buf).await? == 0 {
+                    return Ok(None);
                 }
-                body.extend_from_slice(&chunk[..n]);
             }
-            return Ok(body);
+            let body = buf[end + 4..end + 4 + length].to_vec();
+            buf.drain(..end + 4 + length);
+            return Ok(Some((head, body)));
+        }
+        if stream.read_buf(buf).await? == 0 {
+            return Ok(None);
         }
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod fake_upstream;
-pub use fake_upstream::{FakeUpstream, Fault, RateWindow};
+pub use fake_upstream::{read_http_request, FakeUpstream, Fault, RateWindow};
 pub use tls_relay::TlsRelay;
 pub use ws_relay::WsRelay;
 mod tls_relay;

@@ -198,7 +198,8 @@ mod tests {
     use std::sync::Arc;
 
     use http_body_util::BodyExt;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use sluice_testkit::read_http_request;
+    use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 
     use super::*;
@@ -225,20 +226,7 @@ mod tests {
                     let record = record.clone();
                     tokio::spawn(async move {
                         let mut buf = Vec::new();
-                        loop {
-                            let Some(end) = read_head(&mut socket, &mut buf).await else { return };
-                            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                            let length = head
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length:"))
-                                .and_then(|v| v.trim().parse::<usize>().ok())
-                                .unwrap_or(0);
-                            while buf.len() < end + length {
-                                if socket.read_buf(&mut buf).await.unwrap_or(0) == 0 {
-                                    return;
-                                }
-                            }
-                            buf.drain(..end + length);
+                        while let Ok(Some((head, _))) = read_http_request(&mut socket, &mut buf).await {
                             record.lock().unwrap().push(head);
                             let body = r#"{"ok":true}"#;
                             let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
@@ -254,18 +242,6 @@ mod tests {
 
         fn connections(&self) -> Connections {
             Connections::new(&self.url, Duration::from_secs(5), 16, Duration::from_secs(60)).unwrap()
-        }
-    }
-
-    /// Reads until a request head is complete; its length with the blank line.
-    async fn read_head(socket: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
-        loop {
-            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                return Some(at + 4);
-            }
-            if socket.read_buf(buf).await.ok()? == 0 {
-                return None;
-            }
         }
     }
 
