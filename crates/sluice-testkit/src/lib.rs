@@ -331,6 +331,12 @@ pub async fn rpc_result(client: &reqwest::Client, url: &str, method: &str, param
     answer["result"].clone()
 }
 
+/// A JSON-RPC quantity (`"0x1f"`) as a number; panics on anything else (tests only).
+pub fn quantity(value: &Value) -> u64 {
+    let text = value.as_str().unwrap_or_else(|| panic!("not a quantity: {value}"));
+    u64::from_str_radix(text.trim_start_matches("0x"), 16).unwrap_or_else(|e| panic!("not a quantity: {value}: {e}"))
+}
+
 /// Reads one sample of a Prometheus metric from `/metrics` (the line starting with `series`).
 pub async fn metric(client: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
     let text = client.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?;
