@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use sluice_chain::{ChainEvent, ChainView};
 use sluice_jsonrpc::{Outcome, RawValue, SharedRaw};
-use sluice_upstream::{Answer, Call, HeadFeed, Source, UpstreamError, Upstreams};
+use sluice_upstream::{Answer, Call, CallFuture, HeadFeed, Source, UpstreamError, Upstreams};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -111,11 +111,16 @@ impl CacheLayer {
         Self { shared, coalescer: coalesce.then(Coalescer::default) }
     }
 
+    /// The answer in memory for `plan`, counted as a hit.
+    fn memory_hit(&self, plan: &Cacheable) -> Option<Answer> {
+        let entry = self.shared.memory.get(&plan.key)?;
+        self.shared.counters.memory_hit();
+        Some(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory })
+    }
+
+    /// A call not in memory: Redis, else the inner layers (coalesced with the same call in
+    /// flight), and stored when it may be.
     async fn cached(&self, call: &Call, plan: Cacheable) -> Result<Answer, UpstreamError> {
-        if let Some(entry) = self.shared.memory.get(&plan.key) {
-            self.shared.counters.memory_hit();
-            return Ok(Answer { outcome: Outcome::Result(entry.result.clone()), source: Source::Memory });
-        }
         let (shared, request, key) = (self.shared.clone(), call.clone(), plan.key.clone());
         let (fetched, leader) = match &self.coalescer {
             Some(coalescer) => coalescer.run(key, move || fetch(shared, request, plan)).await,
@@ -216,17 +221,40 @@ fn quantity(n: u64) -> Box<RawValue> {
 
 #[async_trait]
 impl Upstreams for CacheLayer {
-    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+    /// Written by hand (not `async`) so that what is answered at once (a local answer, a memory
+    /// hit) pays only a small ready future, and a call the cache does not touch goes down as
+    /// the inner layer's own future when traces are off: the layer's own future, with the
+    /// coalescing and Redis steps in it, is boxed only for a call that may need them.
+    fn call<'a, 'b, 'f>(&'a self, call: &'b Call) -> CallFuture<'f>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
         let view = self.shared.view.borrow().clone();
         // A trace span (off: a disabled callsite); `result` says what the cache did.
         let span = tracing::debug_span!("cache", result = tracing::field::Empty);
-        let (answer, cacheable) = match plan(call.method(), call.req.params_text(), &view) {
-            Plan::Local(value) => (Ok(local(value)), false),
-            Plan::Cache(plan) => (self.cached(call, plan).instrument(span.clone()).await, true),
-            Plan::Pass => (self.shared.inner.call(call).instrument(span.clone()).await, false),
+        let at_once = |answer: Answer, result: &'static str| -> CallFuture<'f> {
+            span.record("result", result);
+            Box::pin(std::future::ready(Ok(answer)))
         };
-        span.record("result", cache_result(&answer, cacheable));
-        answer
+        match plan(call.method(), call.req.params_text(), &view) {
+            Plan::Local(value) => at_once(local(value), "local"),
+            Plan::Cache(plan) => match self.memory_hit(&plan) {
+                Some(answer) => at_once(answer, "hit-memory"),
+                None => Box::pin(async move {
+                    let answer = self.cached(call, plan).instrument(span.clone()).await;
+                    span.record("result", cache_result(&answer, true));
+                    answer
+                }),
+            },
+            Plan::Pass if span.is_disabled() => self.shared.inner.call(call),
+            Plan::Pass => Box::pin(async move {
+                let answer = self.shared.inner.call(call).instrument(span.clone()).await;
+                span.record("result", cache_result(&answer, false));
+                answer
+            }),
+        }
     }
 
     /// A batch: local answers and memory hits at once; the misses (after Redis) and the

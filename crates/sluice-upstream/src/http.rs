@@ -103,7 +103,8 @@ impl HttpUpstream {
                 UpstreamError::Unreachable
             })?;
             let status = response.status().as_u16();
-            let retry_after = retry_after(response.headers());
+            // Only a 429 is read for it: a header lookup less on every other answer.
+            let retry_after = if status == 429 { retry_after(response.headers()) } else { None };
             let body = Limited::new(response.into_body(), self.config.max_response_bytes)
                 .collect()
                 .await

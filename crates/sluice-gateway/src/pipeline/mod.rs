@@ -432,12 +432,10 @@ impl Pipeline {
 
     /// Step 6 for one call: its outcome and what produced it, counted.
     fn settle(&self, call: &Call, result: Result<Answer, UpstreamError>) -> (Outcome, Source) {
-        telemetry::count_call(&self.network, call.method(), outcome_label(&result));
+        let source = result.as_ref().ok().map(|answer| answer.source.as_str());
+        telemetry::count_settled(&self.network, call.method(), outcome_label(&result), source);
         match result {
-            Ok(Answer { outcome, source }) => {
-                telemetry::count_served(&self.network, call.method(), source.as_str());
-                (outcome, source)
-            }
+            Ok(Answer { outcome, source }) => (outcome, source),
             Err(e) => (Outcome::error(&e.to_error_object()), Source::Upstream),
         }
     }

@@ -175,10 +175,13 @@ impl<N: Node> Pool<N> {
     /// One call (not a transaction): ordered, hedged on its first attempt, failed over.
     pub(super) async fn call_one(&self, call: &Call) -> Result<Answer, UpstreamError> {
         let mut attempts = self.attempts_for(call).await;
-        let deadline = self.deadline(call);
+        // One clock read for the deadline and the first circuit check (a failover reads it
+        // again).
+        let mut now = Instant::now();
+        let deadline = self.deadline_from(call, now);
         let mut first = true;
         while let Some(i) = attempts.next() {
-            if !self.members[i].state().breaker.allow(Instant::now()) {
+            if !self.members[i].state().breaker.allow(now) {
                 attempts.record(i, Err(UpstreamError::NoneAvailable), &call.ctx.needs, None);
                 continue;
             }
@@ -198,13 +201,19 @@ impl<N: Node> Pool<N> {
             if tokio::time::Instant::now() >= deadline {
                 return Err(UpstreamError::Timeout(self.config.deadline));
             }
+            now = Instant::now();
         }
         attempts.finish().map_err(|e| self.unavailable(e))
     }
 
     /// When a call must be answered by: its caller's deadline or the pool's, the sooner.
     pub(super) fn deadline(&self, call: &Call) -> tokio::time::Instant {
-        let own = Instant::now() + self.config.deadline;
+        self.deadline_from(call, Instant::now())
+    }
+
+    /// [`Self::deadline`] for a call starting at `now`.
+    fn deadline_from(&self, call: &Call, now: Instant) -> tokio::time::Instant {
+        let own = now + self.config.deadline;
         let at = call.ctx.deadline.map_or(own, |d| d.min(own));
         tokio::time::Instant::from_std(at)
     }

@@ -45,8 +45,11 @@ impl<N: Node> Pool<N> {
             },
             None => None,
         };
-        let (allowed, wait) =
-            member.state().spend(reqs.len(), Instant::now(), SystemTime::now(), self.config.budget_wait);
+        // One clock read serves the budgets, the time left and the start of the exchange,
+        // unless something was waited for in between.
+        let mut started = Instant::now();
+        let (allowed, wait) = member.state().spend(reqs.len(), started, SystemTime::now, self.config.budget_wait);
+        let shared = self.config.shared_budget.is_some();
         let Some(allowed) = self.spend_shared(i, allowed, deadline).await else { return late() };
         if !wait.is_zero() {
             // Its place in the rate's queue (or the provider's Retry-After).
@@ -56,19 +59,21 @@ impl<N: Node> Pool<N> {
                 return late();
             }
         }
+        if shared || !wait.is_zero() {
+            started = Instant::now();
+        }
         let (sent, refused) = reqs.split_at(allowed);
         let mut results = Vec::with_capacity(reqs.len());
         if !sent.is_empty() {
             let own =
                 sent.iter().map(|r| self.timeout_for(&r.method, member)).max().unwrap_or_else(|| member.node.timeout());
-            let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            let left = deadline.map(|d| d.into_std().saturating_duration_since(started));
             let timeout = left.map_or(own, |left| left.min(own));
             if timeout.is_zero() {
                 return late();
             }
             member.state().health.in_flight += 1;
             let in_flight = InFlight(member);
-            let started = Instant::now();
             // One span per exchange with a member: its `traceparent` goes to the node.
             let span = tracing::debug_span!(
                 "upstream",
@@ -95,8 +100,9 @@ impl<N: Node> Pool<N> {
             let limited = rate_limited(&answer);
             let mut state = member.state();
             let now = Instant::now();
+            let took = now.saturating_duration_since(started);
             state.last_error = answer.as_ref().err().cloned();
-            state.health.record(started.elapsed(), healthy);
+            state.health.record(took, healthy);
             match limited {
                 // The node is up but over its provider's rate: the adaptive rate answers that,
                 // not the circuit.
@@ -108,7 +114,7 @@ impl<N: Node> Pool<N> {
                 }
                 None if healthy => {
                     state.adaptive.accepted(sent.len(), now);
-                    state.recent.push(started.elapsed());
+                    state.recent.push(took);
                     state.breaker.on_success();
                 }
                 None => state.breaker.on_failure(now),

@@ -36,10 +36,11 @@ impl<N: Node> LivePool<N> {
 #[async_trait]
 impl<N: Node> Upstreams for LivePool<N> {
     async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
-        self.current().call(call).await
+        // The pool's own method, not its `Upstreams::call`: one boxed future per call, not two.
+        self.current().answer(call).await
     }
 
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
-        self.current().call_batch(calls).await
+        self.current().answer_batch(calls).await
     }
 }

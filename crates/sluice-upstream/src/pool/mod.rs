@@ -300,7 +300,7 @@ impl<N: Node> Pool<N> {
 
     /// The members to try for `call`, best first (see [`order`]).
     fn order_for(&self, call: &Call) -> Order {
-        let (now, wall) = (Instant::now(), SystemTime::now());
+        let now = Instant::now();
         let hash = match &call.ctx.needs {
             BlockNeed::Hash { hash, .. } => Some(hash.as_str()),
             _ => None,
@@ -317,7 +317,7 @@ impl<N: Node> Pool<N> {
             .iter()
             .map(|m| {
                 let mut state = m.state();
-                let budget = state.budget(now, wall, self.config.budget_wait);
+                let budget = state.budget(now, SystemTime::now, self.config.budget_wait);
                 MemberView {
                     tier: m.tier,
                     serves: m.filter.allows(call.method()),
@@ -462,9 +462,10 @@ impl<N: Node> Pool<N> {
     }
 }
 
-#[async_trait]
-impl<N: Node> Upstreams for Pool<N> {
-    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+impl<N: Node> Pool<N> {
+    /// [`Upstreams::call`] as an inherent method, for [`LivePool`] to await without a
+    /// second boxed future.
+    pub async fn answer(&self, call: &Call) -> Result<Answer, UpstreamError> {
         let span = tracing::debug_span!("pool", method = call.method(), network = %self.config.network);
         if call.method() == "eth_sendRawTransaction" {
             return self.broadcast(&[call]).instrument(span).await.remove(0);
@@ -481,15 +482,27 @@ impl<N: Node> Upstreams for Pool<N> {
         }
     }
 
-    async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+    /// [`Upstreams::call_batch`] as an inherent method (see [`Pool::answer`]).
+    pub async fn answer_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         match calls.len() {
             0 => Vec::new(),
-            1 => vec![self.call(calls[0]).await],
+            1 => vec![self.answer(calls[0]).await],
             _ => {
                 let span = tracing::debug_span!("pool", calls = calls.len(), network = %self.config.network);
                 self.call_many(calls).instrument(span).await
             }
         }
+    }
+}
+
+#[async_trait]
+impl<N: Node> Upstreams for Pool<N> {
+    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+        self.answer(call).await
+    }
+
+    async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+        self.answer_batch(calls).await
     }
 }
 

@@ -108,10 +108,11 @@ impl State {
     }
 
     /// Whether the member's budgets allow a call now, or after a wait of at most `max_wait`.
-    pub(super) fn budget(&mut self, now: Instant, wall: SystemTime, max_wait: Duration) -> BudgetView {
+    /// `wall` is read only when there is a daily quota (a clock read less per call otherwise).
+    pub(super) fn budget(&mut self, now: Instant, wall: impl Fn() -> SystemTime, max_wait: Duration) -> BudgetView {
         self.adapt(now);
         let pause = self.pause(now);
-        let quota_left = self.quota.as_mut().is_none_or(|q| q.left(wall) > 0);
+        let quota_left = self.quota.as_mut().is_none_or(|q| q.left(wall()) > 0);
         let (rate_ok, rate_waits) =
             self.rate.as_mut().map_or((true, false), |r| r.could_reserve(now, max_wait.saturating_sub(pause)));
         BudgetView { within: quota_left && pause <= max_wait && rate_ok, waits: rate_waits || !pause.is_zero() }
@@ -119,8 +120,14 @@ impl State {
 
     /// Spends up to `n` calls of the budgets: how many may go, and after how long a wait (a
     /// place in the rate's queue, a `Retry-After`). Calls that cannot wait so long are not
-    /// taken.
-    pub(super) fn spend(&mut self, n: usize, now: Instant, wall: SystemTime, max_wait: Duration) -> (usize, Duration) {
+    /// taken. `wall` is read only when there is a daily quota.
+    pub(super) fn spend(
+        &mut self,
+        n: usize,
+        now: Instant,
+        wall: impl Fn() -> SystemTime,
+        max_wait: Duration,
+    ) -> (usize, Duration) {
         self.adapt(now);
         let pause = self.pause(now);
         if pause > max_wait {
@@ -134,7 +141,7 @@ impl State {
             },
         };
         // The quota is only charged for what the rate let through.
-        let n = self.quota.as_mut().map_or(n, |q| q.take_up_to(n, wall));
+        let n = self.quota.as_mut().map_or(n, |q| q.take_up_to(n, wall()));
         (n, wait.max(pause))
     }
 
