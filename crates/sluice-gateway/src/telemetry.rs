@@ -135,19 +135,7 @@ thread_local! {
     static SERVED: Handles = std::cell::RefCell::default();
 }
 
-/// Adds one to counter `name{network, method, kind = value}` through `table`.
-fn count(
-    table: &'static std::thread::LocalKey<Handles>,
-    name: &'static str,
-    kind: &'static str,
-    network: &std::sync::Arc<str>,
-    method: &str,
-    value: &'static str,
-) {
-    count_labelled(table, name, kind, network, method_label(method), value);
-}
-
-/// [`count`] for a method already labelled.
+/// Adds one to counter `name{network, method = label, kind = value}` through `table`.
 fn count_labelled(
     table: &'static std::thread::LocalKey<Handles>,
     name: &'static str,
@@ -171,18 +159,12 @@ fn count_labelled(
 
 /// Counts one call on `network` (its id, as the network's pipeline holds it).
 pub fn count_call(network: &std::sync::Arc<str>, method: &str, outcome: &'static str) {
-    count(&CALLS, "sluice_requests_total", "outcome", network, method, outcome);
-}
-
-/// Counts one call answered by the layers on `network`, by what produced the answer
-/// (`upstream`, `local`, `cache-memory`, `cache-redis`, `coalesced`): the dashboard's cache hit
-/// ratio by method.
-pub fn count_served(network: &std::sync::Arc<str>, method: &str, source: &'static str) {
-    count(&SERVED, "sluice_served_total", "source", network, method, source);
+    count_labelled(&CALLS, "sluice_requests_total", "outcome", network, method_label(method), outcome);
 }
 
 /// Counts one call that went down the layers: its outcome, and what produced its answer when
-/// it has one ([`count_call`] and [`count_served`] with the method labelled once).
+/// it has one (`upstream`, `local`, `cache-memory`, `cache-redis`, `coalesced`: the
+/// dashboard's cache hit ratio by method), the method labelled once for both counters.
 pub fn count_settled(network: &std::sync::Arc<str>, method: &str, outcome: &'static str, source: Option<&'static str>) {
     let label = method_label(method);
     count_labelled(&CALLS, "sluice_requests_total", "outcome", network, label, outcome);
