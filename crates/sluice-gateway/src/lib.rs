@@ -1,7 +1,8 @@
 //! The sluice gateway: the HTTP + WebSocket server and the JSON-RPC request pipeline.
 //!
 //! Read the request path top to bottom:
-//! 1. [`server`] accepts connections (bounded), applies client timeouts and drains on shutdown;
+//! 1. [`server`] accepts connections (bounded), hands each to a [`lanes`] thread, applies
+//!    client timeouts and drains on shutdown;
 //! 2. [`http`] reads a bounded body, or upgrades to a WebSocket session in [`ws`];
 //! 3. [`pipeline`] is the one path for HTTP bodies and WebSocket messages: admission, access and
 //!    quotas, method policy, then calls with their context down the layers, a batch's calls
@@ -15,6 +16,7 @@
 pub mod admin;
 pub mod header_timer;
 pub mod http;
+pub mod lanes;
 pub mod network;
 pub mod pipeline;
 pub mod policy;
@@ -56,6 +58,9 @@ pub struct Limits {
     /// On shutdown, how long to keep serving with `/ready` answering 503 before the listener
     /// closes, so that load balancers (Kubernetes endpoints) stop sending first.
     pub drain_delay: Duration,
+    /// Threads that serve client connections, each its own connections start to end
+    /// ([`lanes`]); 0 serves them on the shared runtime instead.
+    pub lanes: usize,
 }
 
 impl Default for Limits {
@@ -69,6 +74,7 @@ impl Default for Limits {
             max_subscriptions_per_socket: 256,
             shutdown_grace: Duration::from_secs(10),
             drain_delay: Duration::ZERO,
+            lanes: std::thread::available_parallelism().map_or(1, usize::from),
         }
     }
 }

@@ -1,4 +1,5 @@
-//! The accept loop: bounded connections, client timeouts, graceful drain.
+//! The accept loop: bounded connections, client timeouts, graceful drain. Accepted
+//! connections are served on [`lanes`](crate::lanes).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
 use crate::header_timer::HeaderTimer;
+use crate::lanes::Lanes;
 use crate::network::Target;
 use crate::{http, Gateway};
 
@@ -34,6 +36,10 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
         tokio::time::sleep(limits.drain_delay).await;
     };
     tokio::pin!(shutdown);
+    let lanes = Lanes::start(limits.lanes).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot start the serving lanes; serving on the shared runtime");
+        Lanes::none()
+    });
     loop {
         let permit = tokio::select! {
             permit = connections.clone().acquire_owned() => match permit {
@@ -55,43 +61,17 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let (router, gateway) = (app.clone(), gateway.clone());
-        // JSON-RPC POSTs go straight to their handler; everything else through the router.
-        let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-            let (router, gateway) = (router.clone(), gateway.clone());
-            async move {
-                if req.method() == hyper::Method::POST {
-                    if let Target::Rpc { network, key } = gateway.resolve(req.uri().path()) {
-                        let key = key.map(str::to_owned);
-                        let (parts, body) = req.into_parts();
-                        return Ok::<_, std::convert::Infallible>(
-                            http::serve_rpc(&gateway, network, key, &parts.headers, Some(peer), body).await,
-                        );
-                    }
-                }
-                let mut req = req;
-                req.extensions_mut().insert(http::ClientAddr(peer));
-                tower::ServiceExt::oneshot(router, req).await
+        // Off the shared runtime's driver, onto the lane's (at once: nothing has been read).
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "accepted connection unusable");
+                continue;
             }
-        });
-        let connection =
-            builder.clone().timer(HeaderTimer::new()).serve_connection(TokioIo::new(stream), service).with_upgrades();
-        let mut stopping = stopping.clone();
-        tokio::spawn(async move {
-            let mut connection = std::pin::pin!(connection);
-            let result = tokio::select! {
-                result = connection.as_mut() => result,
-                _ = stopping.changed() => {
-                    // Finish the request in flight, then close instead of keeping alive.
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-            drop(permit);
-        });
+        };
+        let (router, gateway, builder) = (app.clone(), gateway.clone(), builder.clone());
+        let stopping = stopping.clone();
+        lanes.spawn(move || serve_connection(stream, peer, router, gateway, builder, stopping, permit));
     }
     drop(listener);
     let _ = stop.send(true);
@@ -100,5 +80,57 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
     if tokio::time::timeout(limits.shutdown_grace, connections.acquire_many(all)).await.is_err() {
         tracing::warn!("shutdown grace period over; dropping remaining connections");
     }
+    drop(lanes);
     upkeep.abort();
+}
+
+/// One client connection, start to end, on the lane it was handed to: JSON-RPC POSTs go straight
+/// to their handler, everything else through the router.
+async fn serve_connection(
+    stream: std::net::TcpStream,
+    peer: std::net::SocketAddr,
+    router: axum::Router,
+    gateway: Arc<Gateway>,
+    mut builder: http1::Builder,
+    mut stopping: watch::Receiver<bool>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let stream = match tokio::net::TcpStream::from_std(stream) {
+        Ok(stream) => stream,
+        Err(e) => {
+            tracing::debug!(error = %e, "accepted connection unusable");
+            return;
+        }
+    };
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let (router, gateway) = (router.clone(), gateway.clone());
+        async move {
+            if req.method() == hyper::Method::POST {
+                if let Target::Rpc { network, key } = gateway.resolve(req.uri().path()) {
+                    let key = key.map(str::to_owned);
+                    let (parts, body) = req.into_parts();
+                    return Ok::<_, std::convert::Infallible>(
+                        http::serve_rpc(&gateway, network, key, &parts.headers, Some(peer), body).await,
+                    );
+                }
+            }
+            let mut req = req;
+            req.extensions_mut().insert(http::ClientAddr(peer));
+            tower::ServiceExt::oneshot(router, req).await
+        }
+    });
+    let connection = builder.timer(HeaderTimer::new()).serve_connection(TokioIo::new(stream), service).with_upgrades();
+    let mut connection = std::pin::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        _ = stopping.changed() => {
+            // Finish the request in flight, then close instead of keeping alive.
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+    drop(permit);
 }

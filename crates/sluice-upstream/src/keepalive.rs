@@ -9,6 +9,9 @@
 //! goes back onto a stack once its answer has been read; the next exchange to take it waits,
 //! in line, for hyper to be ready for the next request (at once, nearly always).
 //!
+//! Idle connections are kept per serving lane ([`crate::lane`]): a connection's task runs on
+//! the thread that opened it, so an exchange takes only connections its own thread drives.
+//!
 //! A connection whose answer was not read to its end (a timeout, an answer over the size
 //! limit, a broken body) is dropped, never reused. A pooled connection the node has closed
 //! meanwhile is skipped, and a request it refused before sending anything is sent on
@@ -27,6 +30,8 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use tower_service::Service;
 
+use crate::lane::{self, LANE_SLOTS};
+
 /// The body every exchange sends: one JSON-RPC call or batch, already serialized.
 type Body = Full<Bytes>;
 
@@ -43,9 +48,9 @@ pub struct Connections {
     target: Uri,
     /// The `Host` header every request carries (HTTP/1.1 requires it).
     host: HeaderValue,
-    /// Idle connections, the most recently used last: taken from the back (a warm socket),
-    /// pruned from the front.
-    idle: Mutex<VecDeque<Idle>>,
+    /// Idle connections per lane, the most recently used last: taken from the back (a warm
+    /// socket), pruned from the front.
+    idle: Box<[Mutex<VecDeque<Idle>>]>,
     max_idle: usize,
     idle_timeout: Duration,
 }
@@ -103,7 +108,15 @@ impl Connections {
         let host = HeaderValue::from_str(&host).map_err(|e| format!("upstream URL {url}: {e}"))?;
         let path = url.path_and_query().map_or("/", |p| p.as_str());
         let target: Uri = path.parse().map_err(|e| format!("upstream URL {url}: {e}"))?;
-        Ok(Self { connector, origin: url.clone(), target, host, idle: Mutex::default(), max_idle, idle_timeout })
+        Ok(Self {
+            connector,
+            origin: url.clone(),
+            target,
+            host,
+            idle: (0..LANE_SLOTS).map(|_| Mutex::default()).collect(),
+            max_idle,
+            idle_timeout,
+        })
     }
 
     /// Sends `request` (its URI and `Host` are set here) and gives the answer with the
@@ -142,10 +155,16 @@ impl Connections {
         }
     }
 
-    /// The most recently used idle connection still open and not idle for too long.
+    /// This thread's lane's idle connections.
+    fn idle(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
+        self.idle[lane::current()].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recently used idle connection of this lane still open and not idle for too
+    /// long.
     fn take(&self) -> Option<SendRequest<Body>> {
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle();
         while let Some(entry) = idle.pop_back() {
             if entry.usable(now, self.idle_timeout) {
                 return Some(entry.sender);
@@ -159,7 +178,7 @@ impl Connections {
             return;
         }
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle();
         // Stale entries leave from the front as connections come back: no sweeper task.
         while idle.front().is_some_and(|oldest| !oldest.usable(now, self.idle_timeout)) {
             idle.pop_front();
@@ -185,10 +204,10 @@ impl Connections {
         Ok(sender)
     }
 
-    /// Idle connections held now, and how many of them are still open (for tests).
+    /// Idle connections this lane holds now, and how many of them are still open (for tests).
     #[cfg(test)]
     fn idle_counts(&self) -> (usize, usize) {
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let idle = self.idle();
         (idle.len(), idle.iter().filter(|i| !i.sender.is_closed()).count())
     }
 }
@@ -380,5 +399,50 @@ mod tests {
             lease.done();
         }
         assert_eq!(connections.idle_counts().0, 16);
+    }
+
+    /// A thread of its own marked as lane `lane`, with a runtime of its own (as a gateway lane
+    /// is), that runs `exchanges` exchanges, reports what the lane then holds idle, and keeps
+    /// its runtime (so its connections stay open) until the returned sender is dropped.
+    fn on_lane(
+        connections: &Arc<Connections>,
+        lane: usize,
+        exchanges: usize,
+    ) -> ((usize, usize), tokio::sync::oneshot::Sender<()>) {
+        let connections = connections.clone();
+        let (report, reported) = std::sync::mpsc::channel();
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            crate::lane::enter(lane);
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                for _ in 0..exchanges {
+                    assert_eq!(&exchange(&connections).await[..], br#"{"ok":true}"#);
+                }
+                report.send(connections.idle_counts()).unwrap();
+                // Driving the lane's connections until told to stop.
+                let _ = finished.await;
+            });
+        });
+        (reported.recv().unwrap(), finish)
+    }
+
+    // Multi-threaded: the stand-in node runs on the workers while this thread waits for lanes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_lane_reuses_only_the_connections_it_opened() {
+        let node = StandIn::start(false).await;
+        let connections = Arc::new(node.connections());
+        // A lane's connection task runs on the lane's runtime; another lane must not take it
+        // (it would work, but every exchange would then wake the other thread twice).
+        let (held, _one) = on_lane(&connections, 1, 3);
+        assert_eq!(held, (1, 1));
+        assert_eq!(node.accepted.load(Ordering::SeqCst), 1);
+        let (held, _two) = on_lane(&connections, 2, 3);
+        assert_eq!(held, (1, 1));
+        assert_eq!(node.accepted.load(Ordering::SeqCst), 2, "lane 2 opened its own, lane 1's still open");
+        // This thread is no lane: it has been lent nothing yet, and opens its own too.
+        assert_eq!(connections.idle_counts(), (0, 0));
+        exchange(&connections).await;
+        assert_eq!(node.accepted.load(Ordering::SeqCst), 3);
     }
 }

@@ -17,6 +17,7 @@ mod error;
 mod heads;
 mod http;
 mod keepalive;
+pub mod lane;
 pub mod logs;
 pub mod pool;
 mod socket;

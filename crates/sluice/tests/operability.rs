@@ -69,10 +69,21 @@ async fn headers_say_what_served_and_carry_a_request_id() {
 
 #[tokio::test]
 async fn sigterm_drains_in_flight_requests_then_exits() {
+    drains_in_flight_requests_then_exits("3").await;
+}
+
+/// The same without lanes: connections served on the shared runtime (`[limits] lanes = 0`).
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests_then_exits_without_lanes() {
+    drains_in_flight_requests_then_exits("0").await;
+}
+
+async fn drains_in_flight_requests_then_exits(lanes: &str) {
     let fake = FakeUpstream::spawn(Fault::Slow(Duration::from_millis(800))).await;
     // Cache and mempool off: the fake upstream should see only the request under test.
     let args = ["serve", "--listen", "127.0.0.1:0", "--upstream", &fake.url];
-    let off = [("SLUICE_CACHE__ENABLED", "false"), ("SLUICE_MEMPOOL__ENABLED", "false")];
+    let off =
+        [("SLUICE_CACHE__ENABLED", "false"), ("SLUICE_MEMPOOL__ENABLED", "false"), ("SLUICE_LIMITS__LANES", lanes)];
     let mut sluice = Sluice::spawn_env(BIN, &args, &off);
     let client = reqwest::Client::new();
     let url = sluice.http_url();

@@ -194,6 +194,10 @@ pub struct LimitsConfig {
     /// listener closes (Kubernetes: a few seconds, so endpoints are updated first).
     #[serde(with = "humantime_serde")]
     pub drain_delay: Duration,
+    /// Threads that serve client connections, each its own connections and its own keep-alive
+    /// connections to the nodes (default: one per CPU core); 0 serves them on the shared
+    /// work-stealing runtime.
+    pub lanes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -208,6 +212,7 @@ impl Default for LimitsConfig {
             max_subscriptions_per_socket: d.max_subscriptions_per_socket,
             shutdown_grace: d.shutdown_grace,
             drain_delay: d.drain_delay,
+            lanes: d.lanes,
         }
     }
 }
@@ -223,6 +228,7 @@ impl From<&LimitsConfig> for sluice_gateway::Limits {
             max_subscriptions_per_socket: c.max_subscriptions_per_socket,
             shutdown_grace: c.shutdown_grace,
             drain_delay: c.drain_delay,
+            lanes: c.lanes,
         }
     }
 }
