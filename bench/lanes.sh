@@ -49,8 +49,8 @@ block() {  # block LABEL CONCURRENCY SCRIPT NAME=URL…: ROUNDS alternating runs
 
 echo "| case | c | server | req/s | p50 µs | p99 µs |"
 echo "|---|---:|---|---:|---:|---:|"
-block "pass-through eth_chainId" 64 chainid forwarder="$FORWARD" forwarder_on_one_thread="$FORWARD_ONE" sluice_lanes="$PASS_LANES" sluice_lanes_0="$PASS_SHARED"
-block "pass-through eth_chainId, one caller" 1 chainid forwarder="$FORWARD" forwarder_on_one_thread="$FORWARD_ONE" sluice_lanes="$PASS_LANES" sluice_lanes_0="$PASS_SHARED"
-block "cached eth_blockNumber" 64 number sluice_lanes="$CACHED_LANES" sluice_lanes_0="$CACHED_SHARED"
+block "pass-through eth_chainId" 64 chainid forwarder="$FORWARD" forwarder_on_one_thread="$FORWARD_ONE" sluice="$PASS_LANES" sluice_on_the_shared_runtime="$PASS_SHARED"
+block "pass-through eth_chainId, one caller" 1 chainid forwarder="$FORWARD" forwarder_on_one_thread="$FORWARD_ONE" sluice="$PASS_LANES" sluice_on_the_shared_runtime="$PASS_SHARED"
+block "cached eth_blockNumber" 64 number sluice="$CACHED_LANES" sluice_on_the_shared_runtime="$CACHED_SHARED"
 echo
 echo "machine: $(nproc) cores ($(nproc) lanes by default); wrk -t1, $DURATION per run, median of $ROUNDS alternating runs; cache and coalescing off for pass-through; generator, servers and anvil on the same machine"
