@@ -3,9 +3,9 @@
 //!
 //! On tokio's shared work-stealing runtime, a call hops threads: the worker that reads the
 //! caller's request is often not the one that drives the node connection, or the one woken when
-//! the node answers. Each hop is a futex wake-up and a cold cache on the other core, and on a
-//! small machine it costs more than the gateway's own work: at one caller, tens of
-//! microseconds per call (docs/benchmarks-wrk.md, "Lanes"). A lane is one thread with a
+//! the node answers. Each hop is a futex wake-up and a cold cache on the other core: on two
+//! cores, about 20 µs per call at one caller, more than the gateway's own work adds
+//! (docs/benchmarks-wrk.md, "Lanes"). A lane is one thread with a
 //! single-threaded runtime; a connection accepted on the shared runtime is handed to the lane
 //! with the fewest open connections and stays there, and the lane keeps its own keep-alive
 //! connections to the nodes ([`sluice_upstream::lane`]), so that a call is read, forwarded,

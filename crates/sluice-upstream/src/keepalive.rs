@@ -84,7 +84,7 @@ impl Lease<'_> {
 
 impl Connections {
     /// Connections to the node at `url` (`http://` or `https://`, with the webpki roots or the
-    /// certificate file set for upstreams), at most `max_idle` kept idle, each for at most
+    /// certificate file set for upstreams), at most `max_idle` kept idle per lane, each for at most
     /// `idle_timeout`.
     pub fn new(url: &Uri, connect_timeout: Duration, max_idle: usize, idle_timeout: Duration) -> Result<Self, String> {
         if !matches!(url.scheme_str(), Some("http") | Some("https")) {
