@@ -75,16 +75,6 @@ impl Lanes {
         Self { lanes: Vec::new() }
     }
 
-    /// How many lanes there are (0: connections are served on the shared runtime).
-    pub fn len(&self) -> usize {
-        self.lanes.len()
-    }
-
-    /// Whether there are no lanes.
-    pub fn is_empty(&self) -> bool {
-        self.lanes.is_empty()
-    }
-
     /// Runs `serve` (one connection's whole life) on the lane with the fewest open connections,
     /// or on the shared runtime when there are no lanes. `serve` is called on the lane, so that
     /// the sockets it registers belong to the lane's own driver.
@@ -136,7 +126,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connections_spread_over_lanes_and_stay_on_their_thread() {
         let lanes = Lanes::start(2).unwrap();
-        assert_eq!(lanes.len(), 2);
+        assert_eq!(lanes.lanes.len(), 2);
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (release, released) = tokio::sync::watch::channel(false);
         let (done_tx, mut done) = tokio::sync::mpsc::channel(4);
@@ -180,7 +170,7 @@ mod tests {
     #[tokio::test]
     async fn without_lanes_connections_run_on_the_shared_runtime() {
         let lanes = Lanes::start(0).unwrap();
-        assert!(lanes.is_empty());
+        assert!(lanes.lanes.is_empty());
         let (tx, rx) = tokio::sync::oneshot::channel();
         lanes.spawn(move || async move {
             let _ = tx.send(sluice_upstream::lane::current());

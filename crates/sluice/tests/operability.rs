@@ -82,9 +82,9 @@ async fn drains_in_flight_requests_then_exits(lanes: &str) {
     let fake = FakeUpstream::spawn(Fault::Slow(Duration::from_millis(800))).await;
     // Cache and mempool off: the fake upstream should see only the request under test.
     let args = ["serve", "--listen", "127.0.0.1:0", "--upstream", &fake.url];
-    let off =
+    let env =
         [("SLUICE_CACHE__ENABLED", "false"), ("SLUICE_MEMPOOL__ENABLED", "false"), ("SLUICE_LIMITS__LANES", lanes)];
-    let mut sluice = Sluice::spawn_env(BIN, &args, &off);
+    let mut sluice = Sluice::spawn_env(BIN, &args, &env);
     let client = reqwest::Client::new();
     let url = sluice.http_url();
     let in_flight = tokio::spawn({
