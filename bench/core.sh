@@ -41,8 +41,6 @@ start_baseline FIXED_SMALL fixed --body-file "$work/number.answer"
 start_baseline FIXED_LARGE fixed --body-file "$work/block.answer"
 large_bytes=$(stat -c %s "$work/block.answer")
 
-wrk1() { wrk -t1 -c"$1" -d"$DURATION" --latency -s "$work/$2.lua" "$3/" | grep '^RESULT' | cut -d' ' -f2-; }
-
 row() {  # row LABEL CONCURRENCY SCRIPT BASELINE_URL SLUICE_URL: best of ROUNDS alternating runs each
   local best_b=0 best_s=0 b_p50="" s_p50="" rps p50 p99
   for _ in $(seq "$ROUNDS"); do

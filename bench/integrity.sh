@@ -49,8 +49,6 @@ lua balance '{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xf39f
 lua latest '{"jsonrpc":"2.0","id":1,"method":"eth_getBlockByNumber","params":["latest",false]}'
 lua number '{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
 
-wrk1() { wrk -t1 -c"$1" -d"$DURATION" --latency -s "$work/$2.lua" "$3/" | grep '^RESULT' | cut -d' ' -f2-; }
-
 row() {  # row LABEL SCRIPT OFF_URL ON_URL: best of ROUNDS alternating runs each, c=64
   local best_off=0 best_on=0 rps errors
   for _ in $(seq "$ROUNDS"); do

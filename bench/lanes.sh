@@ -8,20 +8,11 @@
 #   DURATION=4s ROUNDS=5 bash bench/lanes.sh
 source "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-5}
-cargo build --release -q -p sluice-bench --bin sluice-baseline
-
-start_forwarder_env() {  # start_forwarder_env VAR [ENV=VALUE…]: the bare forwarder with that environment
-  local var=$1 port; shift; port=$(free_port)
-  env "$@" target/release/sluice-baseline --listen "127.0.0.1:$port" forward --to "$ANVIL_URL" >/dev/null &
-  pids+=($!)
-  printf -v "$var" 'http://127.0.0.1:%s' "$port"
-  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" -d '{}' && return; sleep 0.1; done
-  echo "the bare forwarder did not start" >&2; exit 1
-}
 
 start_anvil
-start_forwarder_env FORWARD
-start_forwarder_env FORWARD_ONE TOKIO_WORKER_THREADS=1
+start_forwarder FORWARD
+# (An assignment before a shell function reaches the programs the function starts.)
+TOKIO_WORKER_THREADS=1 start_forwarder FORWARD_ONE
 start_sluice PASS_LANES SLUICE_CACHE__ENABLED=false SLUICE_CACHE__COALESCE=false
 start_sluice PASS_SHARED SLUICE_CACHE__ENABLED=false SLUICE_CACHE__COALESCE=false SLUICE_LIMITS__LANES=0
 start_sluice CACHED_LANES
@@ -29,7 +20,6 @@ start_sluice CACHED_SHARED SLUICE_LIMITS__LANES=0
 lua chainid '{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
 lua number '{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
 
-wrk1() { wrk -t1 -c"$1" -d"$DURATION" --latency -s "$work/$2.lua" "$3/" | grep '^RESULT' | cut -d' ' -f2-; }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2]+a[NR/2+1])/2)}'; }
 
 block() {  # block LABEL CONCURRENCY SCRIPT NAME=URL…: ROUNDS alternating runs, one row per target

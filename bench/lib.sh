@@ -79,6 +79,8 @@ LUA
 }
 
 wrk_run() { wrk -t2 -c"$1" -d"$DURATION" --latency -s "$work/$2.lua" "$3/" | grep '^RESULT' | cut -d' ' -f2-; }
+# wrk1 CONCURRENCY SCRIPT URL: the same with one wrk thread, so that the generator takes one core at most.
+wrk1() { wrk -t1 -c"$1" -d"$DURATION" --latency -s "$work/$2.lua" "$3/" | grep '^RESULT' | cut -d' ' -f2-; }
 
 table_header() {
   echo "| method | concurrency | direct req/s | sluice req/s | ratio | direct p50 / p99 µs | sluice p50 / p99 µs | errors direct / sluice |"

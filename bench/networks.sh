@@ -75,17 +75,17 @@ for p in / /eth1 /eth2 /eth3 /eth4; do
   for u in "$ONE" "$FOUR"; do curl -s -o /dev/null "$u$p" -H 'content-type: application/json' -d "$balance"; done
 done
 
-wrk1() { wrk -t1 -c64 -d"$DURATION" --latency -s "$work/$1.lua" "$2" | grep '^RESULT' | cut -d' ' -f2-; }
+wrk64() { wrk -t1 -c64 -d"$DURATION" --latency -s "$work/$1.lua" "$2" | grep '^RESULT' | cut -d' ' -f2-; }
 seconds=${DURATION%s}
 ticks() { awk '{print $14 + $15}' "/proc/$(pid_of "$1")/stat"; }   # CPU time used, in clock ticks
 row() {  # row LABEL ONE_SCRIPT FOUR_SCRIPT: best req/s of ROUNDS; CPU µs per request over all rounds
   local best_1=0 best_4=0 p50_1="" p50_4="" rps p50 t0 cpu_1=0 cpu_4=0 reqs_1=0 reqs_4=0
   local hz; hz=$(getconf CLK_TCK)
   for _ in $(seq "$ROUNDS"); do
-    t0=$(ticks "$ONE"); read -r rps p50 _ _ _ < <(wrk1 "$2" "$ONE")
+    t0=$(ticks "$ONE"); read -r rps p50 _ _ _ < <(wrk64 "$2" "$ONE")
     cpu_1=$((cpu_1 + $(ticks "$ONE") - t0)); reqs_1=$((reqs_1 + rps * seconds))
     if [ "$rps" -gt "$best_1" ]; then best_1=$rps; p50_1=$p50; fi
-    t0=$(ticks "$FOUR"); read -r rps p50 _ _ _ < <(wrk1 "$3" "$FOUR")
+    t0=$(ticks "$FOUR"); read -r rps p50 _ _ _ < <(wrk64 "$3" "$FOUR")
     cpu_4=$((cpu_4 + $(ticks "$FOUR") - t0)); reqs_4=$((reqs_4 + rps * seconds))
     if [ "$rps" -gt "$best_4" ]; then best_4=$rps; p50_4=$p50; fi
   done
