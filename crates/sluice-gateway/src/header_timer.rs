@@ -62,9 +62,8 @@ impl Future for Deadline {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if tokio::time::Instant::now() >= self.at {
-            return Poll::Ready(());
-        }
+        // The clock is read only once the timer goes off (hyper polls this twice per request):
+        // a deadline already past makes the timer go off at the driver's next turn.
         // Only this connection's task polls it: the lock is never contended.
         let mut sleep = self.shared.lock().unwrap_or_else(|e| e.into_inner());
         if sleep.deadline() != self.at {

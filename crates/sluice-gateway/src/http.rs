@@ -52,20 +52,49 @@ const REQUEST_ID_NAME: HeaderName = HeaderName::from_static(REQUEST_ID);
 
 /// The caller's request id if it sent a short printable one, else the next of sluice's own (hex).
 fn request_id(headers: &HeaderMap) -> HeaderValue {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
     let given = headers.get(&REQUEST_ID_NAME).filter(|v| !v.is_empty() && v.len() <= 64 && v.to_str().is_ok());
     match given {
         // A header value clones by reference count.
         Some(value) => value.clone(),
         None => {
-            use std::io::Write;
-            // Hex digits written on the stack: one allocation (the value's), not two.
-            let mut digits = std::io::Cursor::new([0u8; 16]);
-            let _ = write!(digits, "{:x}", NEXT.fetch_add(1, Ordering::Relaxed));
-            let at = digits.position() as usize;
-            HeaderValue::from_bytes(&digits.get_ref()[..at]).unwrap_or_else(|_| HeaderValue::from_static("0"))
+            let mut digits = [0u8; 16];
+            let hex = hex_digits(next_request_id(), &mut digits);
+            HeaderValue::from_bytes(hex).unwrap_or_else(|_| HeaderValue::from_static("0"))
         }
     }
+}
+
+/// Ids handed to a thread at a time: each thread counts through its own block, so that
+/// threads serving requests side by side do not share one counter's cache line per request.
+const ID_BLOCK: u64 = 1 << 16;
+
+/// A request id not given out before in this process (ids are not in order across threads).
+fn next_request_id() -> u64 {
+    static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        /// The next id this thread gives out, and the end of its block.
+        static NEXT: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    }
+    NEXT.with(|cell| {
+        let (mut next, mut end) = cell.get();
+        if next == end {
+            next = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed) * ID_BLOCK;
+            end = next + ID_BLOCK;
+            // 0 is never given out.
+            next = next.max(1);
+        }
+        cell.set((next + 1, end));
+        next
+    })
+}
+
+/// `n` in lower-case hex without leading zeros, written into `out`.
+fn hex_digits(n: u64, out: &mut [u8; 16]) -> &[u8] {
+    let len = (16 - n.leading_zeros() as usize / 4).max(1);
+    for (i, digit) in out[..len].iter_mut().rev().enumerate() {
+        *digit = b"0123456789abcdef"[(n >> (4 * i)) as usize & 0xf];
+    }
+    &out[..len]
 }
 
 /// The API key: the URL path `/KEY`, else `Authorization: Bearer KEY`, else `x-api-key`.
@@ -204,17 +233,17 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + Unpin,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let mut collect = std::pin::pin!(Limited::new(body, limit).collect());
+    let mut read = std::pin::pin!(read_all(Limited::new(body, limit)));
     // A small body is usually in hyper's buffer already, with its head: read it without arming
     // a timer (one timer-wheel insert and removal less per request); a body still on its way
     // is read under the deadline.
-    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(collect.as_mut().poll(cx))).await;
-    let collected = match first {
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx))).await;
+    let result = match first {
         std::task::Poll::Ready(result) => Ok(result),
-        std::task::Poll::Pending => tokio::time::timeout(deadline, collect).await,
+        std::task::Poll::Pending => tokio::time::timeout(deadline, read).await,
     };
-    match collected {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    match result {
+        Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large(limit)),
         Ok(Err(_)) => {
             Err((StatusCode::BAD_REQUEST, Reply::local_error(ErrorObject::invalid_request("request body was cut off"))))
@@ -224,6 +253,27 @@ where
             Reply::local_error(ErrorObject::invalid_request(format!("request body not received within {deadline:?}"))),
         )),
     }
+}
+
+/// A body's data in one piece. A body of one frame (the usual case) is that frame's bytes, not
+/// a copy; trailers are dropped.
+async fn read_all<B: http_body::Body<Data = bytes::Bytes> + Unpin>(mut body: B) -> Result<bytes::Bytes, B::Error> {
+    let mut first: Option<bytes::Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else { continue };
+        match (&mut joined, first.take()) {
+            (Some(joined), _) => joined.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(before)) => {
+                let mut both = bytes::BytesMut::with_capacity(before.len() + data.len());
+                both.extend_from_slice(&before);
+                both.extend_from_slice(&data);
+                joined = Some(both);
+            }
+        }
+    }
+    Ok(joined.map(bytes::BytesMut::freeze).or(first).unwrap_or_default())
 }
 
 fn too_large(limit: usize) -> (StatusCode, Reply) {
@@ -363,4 +413,64 @@ async fn status(State(state): State<AppState>) -> Response {
 async fn metrics(State(state): State<AppState>) -> Response {
     state.gateway.metrics.run_upkeep();
     ([(CONTENT_TYPE, "text/plain; version=0.0.4")], state.gateway.metrics.render()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body delivered in the frames given, with trailers at the end.
+    fn framed(
+        parts: &[&'static str],
+    ) -> http_body_util::StreamBody<
+        impl futures_util::Stream<Item = Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>> + Unpin,
+    > {
+        let mut frames: Vec<_> =
+            parts.iter().map(|p| Ok(http_body::Frame::data(bytes::Bytes::from_static(p.as_bytes())))).collect();
+        frames.push(Ok(http_body::Frame::trailers(HeaderMap::new())));
+        http_body_util::StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn a_body_in_several_frames_is_read_whole() {
+        for parts in [&[][..], &["{}"], &["{\"a\":", "1", "}"], &["", "x", ""]] {
+            let read = read_body(framed(parts), 100, Duration::from_secs(1)).await.expect("read");
+            assert_eq!(read, parts.concat(), "{parts:?}");
+        }
+        let refused = read_body(framed(&["0123456789", "0123456789"]), 15, Duration::from_secs(1)).await;
+        assert_eq!(refused.expect_err("too large").0, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[test]
+    fn hex_digits_have_no_leading_zeros() {
+        let mut out = [0u8; 16];
+        for (n, hex) in [(0, "0"), (1, "1"), (0xabc, "abc"), (0x10, "10"), (u64::MAX, "ffffffffffffffff")] {
+            assert_eq!(hex_digits(n, &mut out), hex.as_bytes(), "{n:#x}");
+        }
+    }
+
+    #[test]
+    fn request_ids_are_unique_across_threads() {
+        // More ids per thread than one block holds, so threads go through several blocks.
+        let per_thread = (ID_BLOCK * 2 + 5) as usize;
+        let threads: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(move || (0..per_thread).map(|_| next_request_id()).collect::<Vec<u64>>()))
+            .collect();
+        let mut all: Vec<u64> = threads.into_iter().flat_map(|t| t.join().expect("thread ends")).collect();
+        let given = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), given, "an id was given out twice");
+        assert!(all[0] > 0, "0 is never an id");
+    }
+
+    #[test]
+    fn a_short_printable_request_id_is_kept_and_others_replaced() {
+        let mut headers = HeaderMap::new();
+        headers.insert(REQUEST_ID_NAME, HeaderValue::from_static("trace-42"));
+        assert_eq!(request_id(&headers), "trace-42");
+        headers.insert(REQUEST_ID_NAME, HeaderValue::from_bytes(&[b'a'; 65]).expect("valid"));
+        let own = request_id(&headers);
+        assert!(own.len() <= 16 && own.to_str().expect("ascii").bytes().all(|b| b.is_ascii_hexdigit()), "{own:?}");
+    }
 }

@@ -135,14 +135,17 @@ fn parse_general(text: &str, max_batch: usize) -> Result<Incoming, ErrorObject> 
     }
 }
 
+/// The fields of one request object, read in one pass: `jsonrpc` and `method` as text when they
+/// are strings (borrowed from the body unless they hold escapes), `id` and `params` as the
+/// caller's exact JSON.
 #[derive(Deserialize)]
 struct RawRequest<'a> {
-    #[serde(borrow, default, deserialize_with = "present")]
-    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present_text")]
+    jsonrpc: Option<Text<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
     id: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    method: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present_text")]
+    method: Option<Text<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
     params: Option<&'a RawValue>,
 }
@@ -150,6 +153,77 @@ struct RawRequest<'a> {
 /// Distinguishes a field set to `null` (Some) from a missing field (None, via `default`).
 fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&RawValue>::deserialize(d).map(Some)
+}
+
+/// The same for a field that must be a string: `null` is `Some(Text::Other)`.
+fn present_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Text<'de>>, D::Error> {
+    Text::deserialize(d).map(Some)
+}
+
+/// A field's value where a string is expected: the string, or a note that it was something
+/// else (which the caller is told about, rather than the whole object being unreadable).
+enum Text<'a> {
+    /// Borrowed from the body: the common case, no escapes.
+    Borrowed(&'a str),
+    /// A string with escapes, unescaped.
+    Owned(String),
+    /// Not a string (a number, `null`, an object…).
+    Other,
+}
+
+impl Text<'_> {
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            Text::Borrowed(s) => Some(s),
+            Text::Owned(s) => Some(s),
+            Text::Other => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Text::Borrowed(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Text::Owned(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Text::Owned(v))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Text::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Text::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Text::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Text::Other)
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(Text::Other)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Text::Other)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Text::Other)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 fn parse_element(raw: &RawValue) -> Result<Request, Invalid> {
@@ -174,13 +248,13 @@ fn request_from(fields: RawRequest<'_>) -> Result<Request, Invalid> {
             None => return invalid(None, "id must be a string, a number or null"),
         },
     };
-    match fields.jsonrpc.map(|v| serde_json::from_str::<&str>(v.get())) {
-        Some(Ok("2.0")) => {}
-        _ => return invalid(id, "jsonrpc must be \"2.0\""),
+    if fields.jsonrpc.as_ref().and_then(Text::as_str) != Some("2.0") {
+        return invalid(id, "jsonrpc must be \"2.0\"");
     }
-    let method = match fields.method.map(|v| serde_json::from_str::<String>(v.get())) {
-        Some(Ok(method)) => method,
-        Some(Err(_)) => return invalid(id, "method must be a string"),
+    let method = match fields.method {
+        Some(Text::Borrowed(method)) => method.to_owned(),
+        Some(Text::Owned(method)) => method,
+        Some(Text::Other) => return invalid(id, "method must be a string"),
         None => return invalid(id, "missing method"),
     };
     let params = match fields.params {
@@ -266,6 +340,18 @@ mod tests {
             let fast = format!("{:?}", parse_body(text.as_bytes(), 10));
             assert_eq!(fast, format!("{:?}", parse_general(text, 10)), "{text}");
         }
+    }
+
+    #[test]
+    fn fields_with_escapes_are_read_as_their_text() {
+        let req = single(r#"{"jsonrpc":"2.\u0030","id":1,"method":"eth_\u0063hainId"}"#).unwrap();
+        assert_eq!(req.method, "eth_chainId");
+        for bad in [r#"{"jsonrpc":"2.0","id":1,"method":"\ud800"}"#, r#"{"jsonrpc":"2.0","id":1,"method":null}"#] {
+            let (_, e) = single(bad).unwrap_err();
+            assert_eq!(e.code, codes::INVALID_REQUEST, "{bad}");
+        }
+        let (id, e) = single(r#"{"jsonrpc":"2.0","id":7,"method":{"a":[1]}}"#).unwrap_err();
+        assert_eq!((id.get(), e.message.as_str()), ("7", "invalid request: method must be a string"));
     }
 
     #[test]
