@@ -3,29 +3,38 @@
 //! hyper asks its [`Timer`] for a new sleep each time a connection starts reading a request's
 //! head, and drops it once the head is in: with `TokioTimer`, one timer-wheel insert and
 //! removal (each under the wheel's lock) and one allocation per request. Here each
-//! connection keeps one tokio [`tokio::time::Sleep`], and a request's deadline moves it
-//! forward; tokio moves a registered timer to a later deadline with one atomic update. When it
-//! goes off while a request is being served (longer than the client timeout), the connection
-//! is woken once for nothing and the next head re-registers it.
+//! connection keeps one tokio [`tokio::time::Sleep`]. A later deadline (the next request's)
+//! leaves it where it is: when it goes off, the wait sees its own deadline is not reached and
+//! sets the timer to it. So a busy connection touches the timer about once per client timeout,
+//! not once per request; a wait already registered with its task costs one atomic load when
+//! polled again. Only an earlier deadline than the timer's moves the timer back at once.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use hyper::rt::{Sleep, Timer};
 
 /// A [`Timer`] for one connection: every sleep it gives shares the connection's one timer.
 pub struct HeaderTimer {
-    shared: Arc<Mutex<Pin<Box<tokio::time::Sleep>>>>,
+    shared: Arc<Mutex<Armed>>,
+}
+
+/// The connection's one timer, and the task it will wake when it goes off.
+struct Armed {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Set once the timer has been polled by a task and not gone off since.
+    polled_by: Option<Waker>,
 }
 
 impl HeaderTimer {
     /// A timer for a new connection (not armed until hyper first waits for a head).
     pub fn new() -> Self {
         let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-        Self { shared: Arc::new(Mutex::new(Box::pin(tokio::time::sleep_until(far)))) }
+        let armed = Armed { sleep: Box::pin(tokio::time::sleep_until(far)), polled_by: None };
+        Self { shared: Arc::new(Mutex::new(armed)) }
     }
 }
 
@@ -52,7 +61,7 @@ impl Timer for HeaderTimer {
 
 /// One wait on the connection's timer, until `at`.
 struct Deadline {
-    shared: Arc<Mutex<Pin<Box<tokio::time::Sleep>>>>,
+    shared: Arc<Mutex<Armed>>,
     at: tokio::time::Instant,
 }
 
@@ -62,22 +71,34 @@ impl Future for Deadline {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        // The clock is read only once the timer goes off (hyper polls this twice per request):
-        // a deadline already past makes the timer go off at the driver's next turn.
         // Only this connection's task polls it: the lock is never contended.
-        let mut sleep = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        if sleep.deadline() != self.at {
+        let mut armed = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        let Armed { sleep, polled_by } = &mut *armed;
+        if sleep.deadline() > self.at {
             sleep.as_mut().reset(self.at);
+            *polled_by = None;
         }
-        // Ready only once `at` has passed; a wake-up for an earlier deadline is polled again.
+        // The timer goes off at `at` or before, and will wake this task: nothing to do.
+        if !sleep.is_elapsed() && polled_by.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            return Poll::Pending;
+        }
+        // The clock is read only once the timer goes off.
         match sleep.as_mut().poll(cx) {
-            Poll::Ready(()) if tokio::time::Instant::now() >= self.at => Poll::Ready(()),
+            Poll::Ready(()) if tokio::time::Instant::now() >= self.at => {
+                *polled_by = None;
+                Poll::Ready(())
+            }
             Poll::Ready(()) => {
+                // It went off for an earlier deadline: on to this one.
                 sleep.as_mut().reset(self.at);
                 let _ = sleep.as_mut().poll(cx);
+                *polled_by = Some(cx.waker().clone());
                 Poll::Pending
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                *polled_by = Some(cx.waker().clone());
+                Poll::Pending
+            }
         }
     }
 }

@@ -16,11 +16,11 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sluice_jsonrpc::{codes, ErrorObject};
 use sluice_upstream::Call;
-use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::network::Target;
 use crate::pipeline::{Edge, Refused, Reply};
+use crate::stop::Stopping;
 use crate::telemetry::{InFlight, Transport};
 use crate::{ws, Gateway};
 
@@ -32,11 +32,11 @@ pub const REQUEST_ID: &str = "x-request-id";
 #[derive(Clone)]
 struct AppState {
     gateway: Arc<Gateway>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Stopping,
 }
 
 /// The routes. `shutdown` tells WebSocket sessions to close when the server stops.
-pub fn router(gateway: Arc<Gateway>, shutdown: watch::Receiver<bool>) -> Router {
+pub fn router(gateway: Arc<Gateway>, shutdown: Stopping) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready))

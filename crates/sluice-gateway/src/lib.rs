@@ -23,6 +23,7 @@ pub mod policy;
 pub mod route;
 pub mod scope;
 pub mod server;
+pub mod stop;
 pub mod telemetry;
 pub mod ws;
 

@@ -78,6 +78,10 @@ pub enum Target<'a> {
 
 /// Finds the network a path names. Pure.
 pub fn resolve<'a>(path: &'a str, directory: &Directory) -> Target<'a> {
+    // The root (most requests, with a single network): no splitting.
+    if let ("/", Some(network)) = (path, directory.default) {
+        return Target::Rpc { network, key: None };
+    }
     let Some(rest) = path.strip_prefix('/') else { return Target::Unknown("no such path".into()) };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let mut parts = rest.splitn(3, '/');

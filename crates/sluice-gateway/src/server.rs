@@ -7,11 +7,12 @@ use std::sync::Arc;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::header_timer::HeaderTimer;
 use crate::lanes::Lanes;
 use crate::network::Target;
+use crate::stop::{Stop, Stopping};
 use crate::{http, Gateway};
 
 /// Serves `gateway` on `listener` until `shutdown` resolves; then `/ready` answers 503 and,
@@ -20,7 +21,8 @@ use crate::{http, Gateway};
 pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl Future<Output = ()>) {
     let limits = gateway.limits.clone();
     let upkeep = crate::telemetry::spawn_upkeep(gateway.metrics.clone());
-    let (stop, stopping) = watch::channel(false);
+    let stop = Stop::new();
+    let stopping = stop.stopping();
     let app = http::router(gateway.clone(), stopping.clone());
     let mut builder = http1::Builder::new();
     // Slow or silent clients: headers must arrive within the client timeout (each connection
@@ -74,10 +76,16 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl 
         lanes.spawn(move || serve_connection(stream, peer, router, gateway, builder, stopping, permit));
     }
     drop(listener);
-    let _ = stop.send(true);
-    // Every open connection holds a permit: having them all back means everything drained.
+    stop.stop();
+    // Every open connection holds a permit, and so does every WebSocket session (its
+    // connection's permit went with the upgrade): having them all back means everything
+    // drained, and sessions have sent their close frames before their lanes stop.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    if tokio::time::timeout(limits.shutdown_grace, connections.acquire_many(all)).await.is_err() {
+    let drained = async {
+        let _connections = connections.acquire_many(all).await;
+        let _sessions = gateway.sessions.acquire_many(all).await;
+    };
+    if tokio::time::timeout(limits.shutdown_grace, drained).await.is_err() {
         tracing::warn!("shutdown grace period over; dropping remaining connections");
     }
     drop(lanes);
@@ -92,7 +100,7 @@ async fn serve_connection(
     router: axum::Router,
     gateway: Arc<Gateway>,
     mut builder: http1::Builder,
-    mut stopping: watch::Receiver<bool>,
+    stopping: Stopping,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let stream = match tokio::net::TcpStream::from_std(stream) {
@@ -122,8 +130,10 @@ async fn serve_connection(
     let connection = builder.timer(HeaderTimer::new()).serve_connection(TokioIo::new(stream), service).with_upgrades();
     let mut connection = std::pin::pin!(connection);
     let result = tokio::select! {
+        // Polled in this order: the connection's work first; the signal costs one load.
+        biased;
         result = connection.as_mut() => result,
-        _ = stopping.changed() => {
+        _ = stopping.stopped() => {
             // Finish the request in flight, then close instead of keeping alive.
             connection.as_mut().graceful_shutdown();
             connection.await

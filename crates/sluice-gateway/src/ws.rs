@@ -18,11 +18,12 @@ use sluice_jsonrpc::{
     codes, parse_body, write_responses, ErrorObject, Incoming, Invalid, Outcome, RawValue, Request, Response,
 };
 use sluice_subscriptions::{FeedItem, FeedStream, TOO_SLOW};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::StreamMap;
 
 use crate::pipeline::{Edge, Reply};
 use crate::route::is_subscription_method;
+use crate::stop::Stopping;
 use crate::telemetry::{self, InFlight, Transport};
 use crate::Gateway;
 use tracing::Instrument;
@@ -37,7 +38,7 @@ pub async fn session(
     socket: WebSocket,
     gateway: Arc<Gateway>,
     network: usize,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Stopping,
     caller: Option<sluice_access::Caller>,
 ) {
     metrics::gauge!("sluice_websocket_sessions").increment(1.0);
@@ -76,6 +77,9 @@ pub async fn session(
         let left = ms.saturating_sub(sluice_access::now_ms());
         tokio::time::Instant::now() + std::time::Duration::from_millis(left)
     });
+    // One wait for the whole session (a new wait per message would register each time); a
+    // session opened after shutdown began closes at once.
+    let mut shutdown = std::pin::pin!(shutdown.stopped());
     let close: Option<(u16, String)> = loop {
         tokio::select! {
             Some(Ok(())) = async { match &mut key_changes { Some(rx) => Some(rx.changed().await), None => None } },
@@ -111,7 +115,7 @@ pub async fn session(
                     FeedItem::Closed(code, why) => break Some((code, why.to_owned())),
                 }
             }
-            _ = shutdown.changed() => break Some((1001, "server shutting down".to_owned())),
+            _ = &mut shutdown => break Some((1001, "server shutting down".to_owned())),
         }
     };
     session.release_subscriptions(session.held());

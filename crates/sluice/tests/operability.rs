@@ -108,6 +108,28 @@ async fn drains_in_flight_requests_then_exits(lanes: &str) {
 }
 
 #[tokio::test]
+async fn sigterm_closes_websocket_sessions_with_1001_then_exits() {
+    let anvil = sluice_testkit::Anvil::spawn();
+    let env = [("SLUICE_LIMITS__DRAIN_DELAY", "0s")];
+    let mut sluice =
+        Sluice::spawn_env(BIN, &["serve", "--listen", "127.0.0.1:0", "--upstream", &anvil.http_url()], &env);
+    // One session subscribed, one that has only made a call, one that has done nothing.
+    let mut subscribed = common::ws::connect(&sluice.ws_url()).await;
+    common::ws::subscribe(&mut subscribed, 1, json!(["newHeads"])).await;
+    let mut called = common::ws::connect(&sluice.ws_url()).await;
+    common::ws::send(&mut called, json!({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"})).await;
+    assert_eq!(common::ws::next(&mut called).await["result"], "0x7a69");
+    let mut idle = common::ws::connect(&sluice.ws_url()).await;
+    sluice.terminate();
+    for ws in [&mut subscribed, &mut called, &mut idle] {
+        let (code, reason) = common::ws::closed(ws, Duration::from_secs(10)).await;
+        assert_eq!((code, reason.as_str()), (1001, "server shutting down"));
+    }
+    let exit = tokio::task::spawn_blocking(move || sluice.wait_exit(Duration::from_secs(10))).await.unwrap();
+    assert!(exit.expect("exited").success());
+}
+
+#[tokio::test]
 async fn on_sigterm_ready_turns_503_while_requests_are_still_served() {
     let anvil = sluice_testkit::Anvil::spawn();
     // Long enough that a busy CI machine (a signal, a `kill` to spawn, requests on 2 loaded
