@@ -114,7 +114,7 @@ fn identify(
     key: Option<String>,
     headers: &HeaderMap,
     peer: Option<std::net::IpAddr>,
-) -> Result<Option<sluice_access::Caller>, Box<Response>> {
+) -> Result<Option<sluice_access::Caller>, Box<RpcResponse>> {
     let Some(control) = gateway.access() else { return Ok(None) };
     let key = api_key(key, headers);
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -142,12 +142,12 @@ async fn entry(
 ) -> Response {
     let (network, key) = match state.gateway.resolve(uri.path()) {
         Target::Rpc { network, key } => (network, key.map(str::to_owned)),
-        Target::Unknown(message) => return unknown_network(&message, &headers),
+        Target::Unknown(message) => return unknown_network(&message, &headers).map(Body::new),
         Target::Operator => return (StatusCode::NOT_FOUND, "not found\n").into_response(),
     };
     let peer = request.extensions().get::<ClientAddr>().map(|a| a.0);
     if method == http::Method::POST {
-        return serve_rpc(&state.gateway, network, key, &headers, peer, request.into_body()).await;
+        return serve_rpc(&state.gateway, network, key, &headers, peer, request.into_body()).await.map(Body::new);
     }
     let (mut parts, _) = request.into_parts();
     let ws = <WebSocketUpgrade as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await;
@@ -155,7 +155,7 @@ async fn entry(
 }
 
 /// HTTP 404 with a JSON-RPC error body for a path that names no network served here.
-pub fn unknown_network(message: &str, headers: &HeaderMap) -> Response {
+pub fn unknown_network(message: &str, headers: &HeaderMap) -> RpcResponse {
     let reply = Reply::local_error(ErrorObject::new(codes::INVALID_REQUEST, message.to_owned()));
     respond(StatusCode::NOT_FOUND, reply, request_id(headers))
 }
@@ -169,7 +169,7 @@ pub async fn serve_rpc<B>(
     headers: &HeaderMap,
     peer: Option<std::net::SocketAddr>,
     body: B,
-) -> Response
+) -> RpcResponse
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + Unpin,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -283,14 +283,14 @@ fn too_large(limit: usize) -> (StatusCode, Reply) {
 
 /// The HTTP answer. The request id is moved in, not cloned: a cloned header value made from
 /// bytes costs an allocation.
-fn respond(status: StatusCode, reply: Reply, request_id: HeaderValue) -> Response {
+fn respond(status: StatusCode, reply: Reply, request_id: HeaderValue) -> RpcResponse {
     let mut response = match reply.body {
         Some(json) => {
-            let mut response = Response::new(Body::new(Chunks::new(json.into_chunks())));
+            let mut response = RpcResponse::new(ChunkBody::new(json.into_chunks()));
             response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             response
         }
-        None => Response::new(Body::empty()),
+        None => RpcResponse::new(ChunkBody::new(sluice_jsonrpc::Chunks::new())),
     };
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -299,23 +299,28 @@ fn respond(status: StatusCode, reply: Reply, request_id: HeaderValue) -> Respons
     response
 }
 
+/// A JSON-RPC answer over HTTP: its body type is concrete, so that the server hands it to
+/// hyper without boxing it (the router's own answers are boxed `axum` bodies).
+pub type RpcResponse = http::Response<ChunkBody>;
+
 /// A response body of chunks written together (hyper writes them with one vectored write).
-struct Chunks {
-    chunks: std::collections::VecDeque<bytes::Bytes>,
+pub struct ChunkBody {
+    chunks: sluice_jsonrpc::Chunks,
+    /// The next chunk to hand out.
+    next: usize,
     remaining: u64,
 }
 
-impl Chunks {
-    fn new(chunks: Vec<bytes::Bytes>) -> Self {
+impl ChunkBody {
+    fn new(chunks: sluice_jsonrpc::Chunks) -> Self {
         let remaining = chunks.iter().map(|c| c.len() as u64).sum();
         let mut chunks = chunks;
         chunks.retain(|c| !c.is_empty());
-        // `From<Vec>` reuses the vector's allocation.
-        Self { chunks: chunks.into(), remaining }
+        Self { chunks, next: 0, remaining }
     }
 }
 
-impl http_body::Body for Chunks {
+impl http_body::Body for ChunkBody {
     type Data = bytes::Bytes;
     type Error = std::convert::Infallible;
 
@@ -323,15 +328,18 @@ impl http_body::Body for Chunks {
         mut self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        let next = self.chunks.pop_front();
+        let this = &mut *self;
+        // Taken out, leaving an empty `Bytes` (no allocation) behind.
+        let next = this.chunks.get_mut(this.next).map(std::mem::take);
         if let Some(chunk) = &next {
-            self.remaining -= chunk.len() as u64;
+            this.next += 1;
+            this.remaining -= chunk.len() as u64;
         }
         std::task::Poll::Ready(next.map(|c| Ok(http_body::Frame::data(c))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty()
+        self.next >= self.chunks.len()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
@@ -349,7 +357,7 @@ async fn serve_upgrade(
 ) -> Response {
     let caller = match identify(&state.gateway, key, &headers, peer.map(|p| p.ip())) {
         Ok(caller) => caller,
-        Err(refusal) => return *refusal,
+        Err(refusal) => return refusal.map(Body::new),
     };
     let Ok(ws) = ws else {
         return (StatusCode::METHOD_NOT_ALLOWED, "POST JSON-RPC here, or open a WebSocket\n").into_response();

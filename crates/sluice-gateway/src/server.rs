@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use http_body_util::Either;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
@@ -110,21 +111,26 @@ async fn serve_connection(
             return;
         }
     };
+    // This connection's own handle on what every request needs: cloned for each request, its
+    // count is touched by this lane alone, where cloning the router and the gateway themselves
+    // would bounce their shared counts between the cores serving requests.
+    let shared = Arc::new((router, gateway));
     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-        let (router, gateway) = (router.clone(), gateway.clone());
+        let shared = shared.clone();
         async move {
+            let (router, gateway) = &*shared;
             if req.method() == hyper::Method::POST {
                 if let Target::Rpc { network, key } = gateway.resolve(req.uri().path()) {
                     let key = key.map(str::to_owned);
                     let (parts, body) = req.into_parts();
-                    return Ok::<_, std::convert::Infallible>(
-                        http::serve_rpc(&gateway, network, key, &parts.headers, Some(peer), body).await,
-                    );
+                    let response = http::serve_rpc(gateway, network, key, &parts.headers, Some(peer), body).await;
+                    return Ok::<_, std::convert::Infallible>(response.map(Either::Left));
                 }
             }
             let mut req = req;
             req.extensions_mut().insert(http::ClientAddr(peer));
-            tower::ServiceExt::oneshot(router, req).await
+            let response = tower::ServiceExt::oneshot(router.clone(), req).await?;
+            Ok(response.map(Either::Right))
         }
     });
     let connection = builder.timer(HeaderTimer::new()).serve_connection(TokioIo::new(stream), service).with_upgrades();

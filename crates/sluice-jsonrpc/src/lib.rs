@@ -15,5 +15,5 @@ mod response;
 
 pub use error::{codes, ErrorObject};
 pub use request::{parse_body, Id, Incoming, Invalid, Request};
-pub use response::{write_chunks, write_responses, Outcome, Response, ResponseEnvelope, SharedRaw};
+pub use response::{write_chunks, write_responses, Chunks, Outcome, Response, ResponseEnvelope, SharedRaw};
 pub use serde_json::value::RawValue;

@@ -76,9 +76,13 @@ impl AsRef<[u8]> for SharedBytes {
     }
 }
 
+/// An answer's bytes as chunks for one vectored write. Most answers are one chunk, held
+/// without a separate allocation.
+pub type Chunks = smallvec::SmallVec<[Bytes; 1]>;
+
 /// Serializes answers like [`write_responses`], as chunks for a vectored write: small parts are
 /// copied together, large results are passed by reference (zero-copy from the cache).
-pub fn write_chunks(batch: bool, responses: &[Response]) -> Vec<Bytes> {
+pub fn write_chunks(batch: bool, responses: &[Response]) -> Chunks {
     fn parts(r: &Response) -> (&'static [u8], &SharedRaw) {
         match &r.outcome {
             Outcome::Result(raw) => (b",\"result\":", raw),
@@ -127,9 +131,9 @@ pub fn write_chunks(batch: bool, responses: &[Response]) -> Vec<Bytes> {
     debug_assert_eq!(buf.len(), copied, "the size counted first is the size written");
     let buf = Bytes::from(buf);
     if large.is_empty() {
-        return vec![buf];
+        return smallvec::smallvec![buf];
     }
-    let mut chunks = Vec::with_capacity(2 * large.len() + 1);
+    let mut chunks = Chunks::with_capacity(2 * large.len() + 1);
     let mut from = 0;
     for (at, raw) in large {
         chunks.push(buf.slice(from..at));

@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use sluice_access::{Caller, Refusal};
 use sluice_jsonrpc::{
-    codes, parse_body, write_chunks, write_responses, ErrorObject, Id, Incoming, Invalid, Outcome, Request, Response,
+    codes, parse_body, write_chunks, write_responses, Chunks, ErrorObject, Id, Incoming, Invalid, Outcome, Request,
+    Response,
 };
 use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 
@@ -78,7 +79,7 @@ pub struct Reply {
 /// An answer's bytes, as chunks for one vectored write: large results are the cache's (or
 /// the upstream answer's) own bytes, never copied into the response.
 #[derive(Debug, Clone, Default)]
-pub struct Payload(Vec<bytes::Bytes>);
+pub struct Payload(Chunks);
 
 impl Payload {
     /// The chunks.
@@ -102,7 +103,7 @@ impl Payload {
     }
 
     /// The chunks, to hand to the network writer.
-    pub fn into_chunks(self) -> Vec<bytes::Bytes> {
+    pub fn into_chunks(self) -> Chunks {
         self.0
     }
 }
@@ -255,7 +256,16 @@ impl Pipeline {
                 );
                 return Reply::local_error(e);
             }
-            Ok(Incoming::Single(item)) => (vec![item], false),
+            Ok(Incoming::Single(item)) => {
+                // One call (the common case): no vectors for it or its answer.
+                let _admitted = match self.admit_and_charge(std::slice::from_ref(&item), edge).await {
+                    Ok(admitted) => admitted,
+                    Err(refusal) => return refusal,
+                };
+                let (response, served_by) = self.respond_one(item, edge).await;
+                let body = response.map(|r| Payload(write_chunks(false, std::slice::from_ref(&r))));
+                return Reply { body, served_by, refused: None };
+            }
             Ok(Incoming::Batch(items)) => (items, true),
         };
         let _admitted = match self.admit_and_charge(&items, edge).await {
@@ -325,27 +335,13 @@ impl Pipeline {
     /// Steps 4 to 6 for calls already admitted and charged: answers in order; notifications
     /// are executed but not answered.
     pub async fn respond(&self, items: Vec<Result<Request, Invalid>>, edge: Edge<'_>) -> (Vec<Response>, ServedBy) {
-        let policies = self.policies();
-        let context = CallContext {
-            policy: policies.for_tier(edge.caller.filter(|_| self.shared.access.is_some()).map(|c| c.tier.as_str())),
-            tier: edge.caller.map(|c| Arc::from(c.tier.as_str())),
-            priority: self.priority(edge),
-            edge,
-        };
         if items.len() == 1 {
-            // One call (the common case): no per-batch bookkeeping.
             let Some(item) = items.into_iter().next() else { return (Vec::new(), ServedBy::LOCAL) };
-            let (id, outcome, source) = match self.step(item, &context) {
-                Step::Local(id, outcome) => (id, outcome, Source::Local),
-                Step::Call(id, call) => {
-                    let result = self.upstreams.call(&call).await;
-                    let (outcome, source) = self.settle(&call, result);
-                    (id, outcome, source)
-                }
-            };
-            let responses = id.map(|id| vec![Response { id, outcome }]).unwrap_or_default();
-            return (responses, ServedBy::Only(source));
+            let (response, served_by) = self.respond_one(item, edge).await;
+            return (response.into_iter().collect(), served_by);
         }
+        let policies = self.policies();
+        let context = self.context(edge, &policies);
         let mut slots: Vec<Option<Outcome>> = vec![None; items.len()];
         let mut ids: Vec<Option<Id>> = Vec::with_capacity(items.len());
         let mut calls: Vec<(usize, Call)> = Vec::new();
@@ -384,6 +380,35 @@ impl Pipeline {
             .filter_map(|(id, outcome)| Some(Response { id: id?, outcome: outcome? }))
             .collect();
         (responses, served_by.unwrap_or(ServedBy::LOCAL))
+    }
+
+    /// What every call of a body from `edge` shares.
+    fn context<'a>(&self, edge: Edge<'a>, policies: &'a Policies) -> CallContext<'a> {
+        CallContext {
+            policy: policies.for_tier(edge.caller.filter(|_| self.shared.access.is_some()).map(|c| c.tier.as_str())),
+            tier: edge.caller.map(|c| Arc::from(c.tier.as_str())),
+            priority: self.priority(edge),
+            edge,
+        }
+    }
+
+    /// Steps 4 to 6 for a body of one call: its answer (none for a notification).
+    async fn respond_one(&self, item: Result<Request, Invalid>, edge: Edge<'_>) -> (Option<Response>, ServedBy) {
+        let step = {
+            // Read through a guard, not a clone: the policies' shared count is not touched,
+            // and the guard is gone before the call goes down.
+            let policies = self.shared.policies.load();
+            self.step(item, &self.context(edge, &policies))
+        };
+        let (id, outcome, source) = match step {
+            Step::Local(id, outcome) => (id, outcome, Source::Local),
+            Step::Call(id, call) => {
+                let result = self.upstreams.call(&call).await;
+                let (outcome, source) = self.settle(&call, result);
+                (id, outcome, source)
+            }
+        };
+        (id.map(|id| Response { id, outcome }), ServedBy::Only(source))
     }
 
     /// Step 4 for one parsed item: answered here (invalid, refused by the method policy or the
@@ -444,6 +469,8 @@ impl Pipeline {
 /// What every call of one body shares: the method policy in force for the caller's tier, the
 /// tier and priority the calls carry, and the caller.
 struct CallContext<'a> {
+    /// The method policy in force for the caller's tier when the body arrived (a reload does
+    /// not change it under the body).
     policy: &'a MethodPolicy,
     tier: Option<Arc<str>>,
     priority: u8,
@@ -462,7 +489,7 @@ impl Reply {
     /// A single error answer with a `null` id, for bodies that could not be read at all.
     pub fn local_error(e: ErrorObject) -> Self {
         let response = Response { id: Id::null(), outcome: e.into() };
-        let body = Payload(vec![write_responses(false, &[response]).into()]);
+        let body = Payload(Chunks::from_iter([write_responses(false, &[response]).into()]));
         Reply { body: Some(body), served_by: ServedBy::LOCAL, refused: None }
     }
 }
