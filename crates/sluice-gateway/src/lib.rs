@@ -14,6 +14,7 @@
 //! Decisions live in pure code ([`route`], `sluice-jsonrpc`); sockets live here at the edge.
 
 pub mod admin;
+pub mod answer;
 pub mod header_timer;
 pub mod http;
 pub mod lanes;
