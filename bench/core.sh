@@ -7,19 +7,6 @@
 #   DURATION=10s ROUNDS=2 bash bench/core.sh
 source "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-2}
-cargo build --release -q -p sluice-bench --bin sluice-baseline
-BASELINE=target/release/sluice-baseline
-
-start_baseline() {  # start_baseline VAR ARGS…: sets VAR to its URL
-  local var=$1 port; shift
-  port=$(free_port)
-  "$BASELINE" --listen "127.0.0.1:$port" "$@" >/dev/null &
-  pids+=($!)
-  printf -v "$var" 'http://127.0.0.1:%s' "$port"
-  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" -d '{}' && return; sleep 0.1; done
-  echo "baseline did not start" >&2; exit 1
-}
-
 start_anvil
 mine_big_block
 

@@ -51,14 +51,19 @@ need_perf() {  # installs perf when missing (the PERF=1 / ALLOCS=1 options of th
   command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null; }
 }
 
-start_forwarder() {  # start_forwarder VAR [FLAG…]: the bare forwarder (sluice-baseline) to anvil, sets VAR to its URL
+start_baseline() {  # start_baseline VAR ARGS…: a bare baseline server (sluice-baseline ARGS…), sets VAR to its URL
   local port var=$1; shift; port=$(free_port)
   cargo build --release -q -p sluice-bench --bin sluice-baseline
-  target/release/sluice-baseline --listen "127.0.0.1:$port" forward --to "$ANVIL_URL" "$@" >/dev/null &
+  target/release/sluice-baseline --listen "127.0.0.1:$port" "$@" >/dev/null &
   pids+=($!)
   printf -v "$var" 'http://127.0.0.1:%s' "$port"
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" -d '{}' && return; sleep 0.1; done
-  echo "the bare forwarder did not start" >&2; exit 1
+  echo "the bare baseline ($*) did not start" >&2; exit 1
+}
+
+start_forwarder() {  # start_forwarder VAR [FLAG…]: the bare forwarder (sluice-baseline) to anvil, sets VAR to its URL
+  local var=$1; shift
+  start_baseline "$var" forward --to "$ANVIL_URL" "$@"
 }
 
 rpc() { curl -sf "$1" -H 'content-type: application/json' -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"$2\",\"params\":$3}"; }
