@@ -6,8 +6,8 @@
 //! connection keeps one tokio [`tokio::time::Sleep`]. A later deadline (the next request's)
 //! leaves it where it is: when it goes off, the wait sees its own deadline is not reached and
 //! sets the timer to it. So a busy connection touches the timer about once per client timeout,
-//! not once per request; a wait already registered with its task costs one atomic load when
-//! polled again. Only an earlier deadline than the timer's moves the timer back at once.
+//! not once per request; a wait already registered with its task costs a lock nobody else
+//! takes and one atomic load when polled again. Only an earlier deadline than the timer's moves the timer back at once.
 
 use std::future::Future;
 use std::pin::Pin;
