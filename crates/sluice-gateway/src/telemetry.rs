@@ -130,36 +130,33 @@ pub fn method_label(method: &str) -> &'static str {
 /// reaches the key: unknown methods are `other`).
 type Handles = std::cell::RefCell<rustc_hash::FxHashMap<(usize, usize, usize), metrics::Counter>>;
 
+/// The pair a settled call adds to (`sluice_requests_total`, and `sluice_served_total` when it
+/// has an answer), by (network, method label, outcome, source or 0): one lookup per call.
+type SettledHandles = std::cell::RefCell<
+    rustc_hash::FxHashMap<(usize, usize, usize, usize), (metrics::Counter, Option<metrics::Counter>)>,
+>;
+
 thread_local! {
     static CALLS: Handles = std::cell::RefCell::default();
-    static SERVED: Handles = std::cell::RefCell::default();
+    static SETTLED: SettledHandles = std::cell::RefCell::default();
 }
 
-/// Adds one to counter `name{network, method = label, kind = value}` through `table`.
-fn count_labelled(
-    table: &'static std::thread::LocalKey<Handles>,
-    name: &'static str,
-    kind: &'static str,
-    network: &std::sync::Arc<str>,
-    label: &'static str,
-    value: &'static str,
-) {
-    let key = (network.as_ptr() as usize, label.as_ptr() as usize, value.as_ptr() as usize);
-    table.with(|handles| {
-        handles
-            .borrow_mut()
-            .entry(key)
-            .or_insert_with(|| {
-                let labels = [("network", network.to_string()), ("method", label.to_owned()), (kind, value.to_owned())];
-                metrics::counter!(name, &labels)
-            })
-            .increment(1);
-    });
+/// The labels of a counter by network, method label and one more.
+fn labels(network: &str, label: &str, kind: &'static str, value: &str) -> [(&'static str, String); 3] {
+    [("network", network.to_owned()), ("method", label.to_owned()), (kind, value.to_owned())]
 }
 
 /// Counts one call on `network` (its id, as the network's pipeline holds it).
 pub fn count_call(network: &std::sync::Arc<str>, method: &str, outcome: &'static str) {
-    count_labelled(&CALLS, "sluice_requests_total", "outcome", network, method_label(method), outcome);
+    let label = method_label(method);
+    let key = (network.as_ptr() as usize, label.as_ptr() as usize, outcome.as_ptr() as usize);
+    CALLS.with(|handles| {
+        handles
+            .borrow_mut()
+            .entry(key)
+            .or_insert_with(|| metrics::counter!("sluice_requests_total", &labels(network, label, "outcome", outcome)))
+            .increment(1);
+    });
 }
 
 /// Counts one call that went down the layers: its outcome, and what produced its answer when
@@ -167,10 +164,26 @@ pub fn count_call(network: &std::sync::Arc<str>, method: &str, outcome: &'static
 /// dashboard's cache hit ratio by method), the method labelled once for both counters.
 pub fn count_settled(network: &std::sync::Arc<str>, method: &str, outcome: &'static str, source: Option<&'static str>) {
     let label = method_label(method);
-    count_labelled(&CALLS, "sluice_requests_total", "outcome", network, label, outcome);
-    if let Some(source) = source {
-        count_labelled(&SERVED, "sluice_served_total", "source", network, label, source);
-    }
+    let key = (
+        network.as_ptr() as usize,
+        label.as_ptr() as usize,
+        outcome.as_ptr() as usize,
+        source.map_or(0, |s| s.as_ptr() as usize),
+    );
+    SETTLED.with(|handles| {
+        let mut handles = handles.borrow_mut();
+        // The registry hands out the same counter for the same name and labels, so these
+        // handles add to the very counters `count_call` adds to.
+        let (calls, served) = handles.entry(key).or_insert_with(|| {
+            let calls = metrics::counter!("sluice_requests_total", &labels(network, label, "outcome", outcome));
+            let served = source.map(|s| metrics::counter!("sluice_served_total", &labels(network, label, "source", s)));
+            (calls, served)
+        });
+        calls.increment(1);
+        if let Some(served) = served {
+            served.increment(1);
+        }
+    });
 }
 
 /// The transports bodies arrive on.

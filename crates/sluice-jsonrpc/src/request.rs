@@ -6,10 +6,11 @@ use serde_json::value::RawValue;
 use crate::error::{codes, ErrorObject};
 
 /// A request id, kept as the exact JSON text the caller sent (a number, a string or `null`),
-/// so that `1.0`, `1e3` or a 30-digit number come back exactly as written. Shared: a call's id
-/// is kept for its answer while the call goes down the layers, without a copy.
+/// so that `1.0`, `1e3` or a 30-digit number come back exactly as written. Held inline when
+/// short (most ids are a few digits: no allocation), else shared; either way a call's id is
+/// kept for its answer while the call goes down the layers without a copy of the heap.
 #[derive(Debug, Clone)]
-pub struct Id(std::sync::Arc<str>);
+pub struct Id(smol_str::SmolStr);
 
 impl PartialEq for Id {
     fn eq(&self, other: &Self) -> bool {
@@ -22,12 +23,12 @@ impl Eq for Id {}
 impl Id {
     /// The `null` id, used when a request's own id cannot be read.
     pub fn null() -> Self {
-        Id(std::sync::Arc::from("null"))
+        Id(smol_str::SmolStr::new_static("null"))
     }
 
     /// An id from a number, for requests sluice makes itself.
     pub fn number(n: u64) -> Self {
-        Id(std::sync::Arc::from(itoa::Buffer::new().format(n)))
+        Id(smol_str::SmolStr::new(itoa::Buffer::new().format(n)))
     }
 
     /// The exact JSON text of the id.
@@ -42,7 +43,7 @@ impl Id {
             Some(b'"') | Some(b'-') | Some(b'0'..=b'9') => true,
             _ => text == "null",
         };
-        ok.then(|| Id(std::sync::Arc::from(text)))
+        ok.then(|| Id(smol_str::SmolStr::new(text)))
     }
 }
 
@@ -52,14 +53,14 @@ pub struct Request {
     /// The caller's id; `None` makes this a notification, which gets no answer.
     pub id: Option<Id>,
     /// The method name.
-    pub method: String,
+    pub method: smol_str::SmolStr,
     /// The params exactly as sent (an array or object), or `None`.
     pub params: Option<Box<RawValue>>,
 }
 
 impl Request {
     /// Builds a request, for calls sluice makes itself and for tests.
-    pub fn new(id: Option<Id>, method: impl Into<String>, params: Option<Box<RawValue>>) -> Self {
+    pub fn new(id: Option<Id>, method: impl Into<smol_str::SmolStr>, params: Option<Box<RawValue>>) -> Self {
         Self { id, method: method.into(), params }
     }
 
@@ -79,7 +80,7 @@ impl Request {
         out.extend_from_slice(id.as_bytes());
         out.extend_from_slice(b",\"method\":");
         // Writing a String into a Vec cannot fail.
-        serde_json::to_writer(&mut *out, &self.method).expect("string serializes");
+        serde_json::to_writer(&mut *out, self.method.as_str()).expect("string serializes");
         if let Some(params) = &self.params {
             out.extend_from_slice(b",\"params\":");
             out.extend_from_slice(params.get().as_bytes());
@@ -254,8 +255,8 @@ fn request_from(fields: RawRequest<'_>) -> Result<Request, Invalid> {
         return invalid(id, "jsonrpc must be \"2.0\"");
     }
     let method = match fields.method {
-        Some(Text::Borrowed(method)) => method.to_owned(),
-        Some(Text::Owned(method)) => method,
+        Some(Text::Borrowed(method)) => smol_str::SmolStr::new(method),
+        Some(Text::Owned(method)) => smol_str::SmolStr::from(method),
         Some(Text::Other) => return invalid(id, "method must be a string"),
         None => return invalid(id, "missing method"),
     };
