@@ -51,7 +51,7 @@ pub fn spawn_upkeep(handle: PrometheusHandle) -> tokio::task::JoinHandle<()> {
 
 /// Methods reported under their own name; anything else is `other`, so hostile clients cannot
 /// grow the label set without bound.
-const KNOWN_METHODS: &[&str] = &[
+pub(crate) const KNOWN_METHODS: &[&str] = &[
     "eth_accounts",
     "eth_blobBaseFee",
     "eth_blockNumber",
