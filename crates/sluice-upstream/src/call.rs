@@ -53,11 +53,17 @@ impl Call {
     /// A client's call, its block need read from its params.
     pub fn new(req: Request) -> Self {
         static NETWORK: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+        Self::on(req, NETWORK.get_or_init(|| Arc::from(DEFAULT_NETWORK)).clone())
+    }
+
+    /// A client's call on `network`. (Naming the network here, not after [`Call::new`], spares
+    /// a count up and down on the default network's id, which every thread shares.)
+    pub fn on(req: Request, network: Arc<str>) -> Self {
         let needs = BlockNeed::of(&req.method, req.params_text());
         Self {
             req,
             ctx: CallCtx {
-                network: NETWORK.get_or_init(|| Arc::from(DEFAULT_NETWORK)).clone(),
+                network,
                 tier: None,
                 priority: 0,
                 deadline: None,

@@ -363,8 +363,7 @@ impl Pipeline {
             }
             Route::PassThrough => {
                 let id = req.id.clone();
-                let mut call = Call::new(req);
-                call.ctx.network = self.network.clone();
+                let mut call = Call::on(req, self.network.clone());
                 call.ctx.tier = context.tier.clone();
                 call.ctx.priority = context.priority;
                 Step::Call(id, call)
