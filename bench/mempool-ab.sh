@@ -25,8 +25,13 @@ trap cleanup EXIT
 
 # build SOURCE_DIR OUT: builds the bench in SOURCE_DIR (sharing this checkout's target directory,
 # so dependencies are built once) and copies the binary to OUT.
+# The workspace's sources are touched first. Cargo names a workspace crate's build by its path
+# inside the workspace, so both trees share one build of each crate, and it rebuilds only for
+# sources newer than that build: without the touch, the second tree built here, whose files
+# were last changed before the first tree was built, got the first tree's crates.
 build() {
   local exe
+  find "$1/crates" -name '*.rs' -exec touch {} +
   exe=$(cd "$1" && CARGO_TARGET_DIR="$top/target" cargo bench -q -p sluice-pool --bench mempool --no-run \
     --message-format=json | python3 -c '
 import json, sys
@@ -48,6 +53,9 @@ checkout "$1"
 build "$tree" "$work/base"
 if [ $# -ge 2 ]; then checkout "$2"; else tree=$top; fi
 build "$tree" "$work/new"
+if cmp -s "$work/base" "$work/new"; then
+  echo "note: the two builds are the same binary (the revisions differ in nothing the bench runs)" >&2
+fi
 
 # summary OUT ERR: "wall | by CPU | writer range | async range" of one run.
 summary() {
