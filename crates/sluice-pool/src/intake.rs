@@ -2,8 +2,10 @@
 //!
 //! A submitter hands its transaction to the verifiers with a [`Ticket`] and waits for one
 //! answer. The verifiers send their results a turn at a time; this stage answers what needs no
-//! writer (undecodable, already pooled), attaches each sender's account state, and hands the
-//! rest to the writer as one command. Under load, a turn holds many transactions: one wake-up
+//! writer (undecodable), attaches each sender's account state, and hands the rest to the writer
+//! as one command. A transaction pooled while it was verified (a peer sent it too) is found by
+//! the pool itself, which the submitter hears as pooled: looking for it in the snapshot here
+//! too cost a lookup per transaction for what is rare. Under load, a turn holds many transactions: one wake-up
 //! of this task and one writer batch per turn, not two task wake-ups and a writer wake-up per
 //! transaction, which cost about as much as the sender recovery they surround.
 //!
@@ -16,13 +18,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use alloy_primitives::{Address, Bytes, B256, U256};
-use arc_swap::ArcSwap;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::seams::SubmitError;
 use crate::state::StateReader;
 use crate::verify::{Group, Verified};
-use crate::view::{Pooled, Snapshot};
+use crate::view::Pooled;
 use crate::writer::{Command, Submission};
 use crate::DecodeError;
 
@@ -37,7 +38,6 @@ pub(crate) struct Ticket {
 
 /// What the stage reads and writes to.
 pub(crate) struct Intake {
-    pub snapshot: Arc<ArcSwap<Snapshot>>,
     pub state: StateReader,
     pub commands: std::sync::mpsc::Sender<Command>,
     /// The network's id, for the metrics' `network` label.
@@ -61,7 +61,6 @@ type Unread = (Pooled, bool, oneshot::Sender<Result<B256, SubmitError>>);
 impl Intake {
     /// Answers or forwards one pass of verified transactions.
     fn take(&self, results: impl Iterator<Item = (Result<Verified, DecodeError>, Ticket)>) {
-        let snapshot = self.snapshot.load();
         let mut ready = Vec::new();
         let mut unread: Vec<Unread> = Vec::new();
         for (verified, ticket) in results {
@@ -76,11 +75,6 @@ impl Intake {
                     continue;
                 }
             };
-            // Pooled while it was being verified (a peer sent it too).
-            if snapshot.by_hash.contains_key(&tx.hash) {
-                let _ = ticket.reply.send(Ok(tx.hash));
-                continue;
-            }
             let pooled = Pooled { tx, raw: ticket.raw, envelope };
             match self.state.cached(pooled.tx.sender) {
                 Some((nonce, balance)) => ready.push(submission(pooled, nonce, balance, ticket.journal, ticket.reply)),

@@ -32,7 +32,7 @@ mod writer;
 
 pub use config::MempoolConfig;
 pub use decode::{decode, DecodeError, Rules};
-pub use pool::{Config, InsertError, Inserted, Pool, PoolTx, Status};
+pub use pool::{AsPoolTx, Config, InsertError, Inserted, Pool, PoolTx, Status};
 pub use rpc::MempoolLayer;
 pub use seams::{Origin, PoolView, SubmitError, TxIntake, TxpoolMethod};
 pub use service::Mempool;

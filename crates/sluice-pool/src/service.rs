@@ -78,7 +78,6 @@ impl Mempool {
             statuses: statuses.clone(),
             relay: relay_tx,
             pending_events: pending_events.clone(),
-            txs: Default::default(),
             dirty: Default::default(),
             index: Vec::new(),
             replaying: !replay.is_empty(),
@@ -95,12 +94,7 @@ impl Mempool {
         let verifier = Verifier::start(config.verify_threads, config.verify_queue, config.verify_nice, groups)
             .map_err(|e| format!("cannot start the mempool verifiers: {e}"))?;
         let state = StateReader::spawn(upstream.clone(), feed.view.clone(), config.state_timeout);
-        let intake = Intake {
-            snapshot: snapshot.clone(),
-            state: state.clone(),
-            commands: commands.clone(),
-            network: config.network.clone(),
-        };
+        let intake = Intake { state: state.clone(), commands: commands.clone(), network: config.network.clone() };
         let core = Arc::new(Core {
             rules: ArcSwapOption::empty(),
             snapshot,

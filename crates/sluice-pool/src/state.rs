@@ -3,12 +3,13 @@
 //!
 //! Submitters ask for their sender's state; concurrent misses are gathered by one task into a
 //! single JSON-RPC batch (`eth_getTransactionCount` + `eth_getBalance` per address), so a
-//! burst of new senders costs one round trip, not one per transaction. Entries are keyed by
-//! head height, so a new head makes every cached state stale at once.
+//! burst of new senders costs one round trip, not one per transaction. The cache holds the
+//! states read at one head: a new head (or a reorg) empties it at once.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use alloy_primitives::map::AddressMap;
 use alloy_primitives::{Address, U256};
 use sluice_jsonrpc::Outcome;
 use sluice_upstream::{Answer, Call, Upstreams};
@@ -22,11 +23,38 @@ type Waiter = oneshot::Sender<Result<AccountState, String>>;
 /// Most addresses per upstream batch.
 const MAX_ADDRESSES: usize = 256;
 
+/// Most states cached at one head; a full cache is emptied and fills again.
+const MAX_CACHED: usize = 1 << 20;
+
+/// The states read at one head, identified by its height and the chain view's epoch (which a
+/// reorg moves).
+///
+/// A map behind a lock held only for one lookup or insert, where a general cache (moka) was:
+/// its bookkeeping (the access order and its queues) cost about a sixth of the async side's CPU
+/// per submission under load (`cargo bench -p sluice-pool --bench mempool`), and with every
+/// entry dead at the next head, nothing needs an eviction order.
+#[derive(Default)]
+struct HeadStates {
+    head: (u64, u64),
+    states: AddressMap<AccountState>,
+}
+
+impl HeadStates {
+    /// The states of `head`: emptied when it is another head than the one cached.
+    fn at(&mut self, head: (u64, u64)) -> &mut AddressMap<AccountState> {
+        if self.head != head {
+            self.head = head;
+            self.states.clear();
+        }
+        &mut self.states
+    }
+}
+
 /// The fetcher's handle.
 #[derive(Clone)]
 pub struct StateReader {
     requests: mpsc::Sender<(Address, Waiter)>,
-    cache: moka::sync::Cache<(u64, u64, Address), AccountState>,
+    cache: Arc<Mutex<HeadStates>>,
     head: watch::Receiver<Arc<sluice_chain::ChainView>>,
 }
 
@@ -38,7 +66,7 @@ impl StateReader {
         timeout: Duration,
     ) -> Self {
         let (requests, rx) = mpsc::channel(65_536);
-        let cache = moka::sync::Cache::new(1 << 20);
+        let cache = Arc::default();
         tokio::spawn(fetch_loop(upstream, rx, timeout));
         Self { requests, cache, head }
     }
@@ -53,19 +81,27 @@ impl StateReader {
     /// The sender's state at the current head when it was read already (no waiting).
     pub fn cached(&self, address: Address) -> Option<AccountState> {
         let head = self.head();
-        self.cache.get(&(head.0, head.1, address))
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner).at(head).get(&address).copied()
     }
 
     /// The sender's state at the current head.
     pub async fn get(&self, address: Address) -> Result<AccountState, String> {
         let head = self.head();
-        if let Some(state) = self.cache.get(&(head.0, head.1, address)) {
+        if let Some(state) = self.cached(address) {
             return Ok(state);
         }
         let (tx, rx) = oneshot::channel();
         self.requests.send((address, tx)).await.map_err(|_| "account state reader stopped".to_owned())?;
         let state = rx.await.map_err(|_| "account state reader stopped".to_owned())??;
-        self.cache.insert((head.0, head.1, address), state);
+        // Kept only while its head is still the head: a state read for an older head is dead.
+        if self.head() == head {
+            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            let states = cache.at(head);
+            if states.len() >= MAX_CACHED {
+                states.clear();
+            }
+            states.insert(address, state);
+        }
         Ok(state)
     }
 

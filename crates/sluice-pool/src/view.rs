@@ -25,6 +25,12 @@ pub struct Pooled {
     pub envelope: TxEnvelope,
 }
 
+impl crate::AsPoolTx for Pooled {
+    fn pool_tx(&self) -> &PoolTx {
+        &self.tx
+    }
+}
+
 impl Pooled {
     /// The transaction as `eth_getTransactionByHash` shows a pending one: block fields null.
     pub fn to_rpc(&self) -> Value {

@@ -14,7 +14,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use alloy_primitives::map::{AddressSet, B256Map};
+use alloy_primitives::map::AddressSet;
 use alloy_primitives::{Address, Bytes, B256, U256};
 use arc_swap::ArcSwap;
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -84,7 +84,8 @@ pub(crate) struct Writer {
     pub network: String,
     /// `sluice_mempool_accepted_total` for this network, registered once (one per insert).
     pub accepted: metrics::Counter,
-    pub pool: Pool,
+    /// The pool, of the transactions with their bytes and envelopes.
+    pub pool: Pool<Pooled>,
     pub journal: Option<Journal>,
     pub snapshot: Arc<ArcSwap<Snapshot>>,
     pub statuses: Statuses,
@@ -92,8 +93,6 @@ pub(crate) struct Writer {
     /// (which sends every pending transaction not sent yet), so the writer never blocks on it.
     pub relay: mpsc::Sender<Arc<Pooled>>,
     pub pending_events: broadcast::Sender<Arc<Pooled>>,
-    /// The pooled transactions with their bytes and envelopes.
-    pub txs: B256Map<Arc<Pooled>>,
     /// Records in the journal since it was last compacted.
     pub journal_records: usize,
     /// Senders whose transactions left since the last publish.
@@ -173,7 +172,7 @@ impl Writer {
                 }
                 Command::Reject { hash, reason } => {
                     if let Some(tx) = self.pool.remove(&hash) {
-                        changes.touched.insert(tx.sender);
+                        changes.touched.insert(tx.tx.sender);
                         self.forget(&[hash], TxStatus::Rejected { reason });
                         let evicted = self.pool.trim();
                         self.forget(&evicted, TxStatus::Evicted);
@@ -224,7 +223,9 @@ impl Writer {
         let mut mined = Vec::new();
         for (sender, nonce) in advanced {
             let gone = self.pool.advance(sender, *nonce);
-            mined.extend(gone.iter().filter_map(|h| self.txs.get(h).cloned()));
+            // Published before this batch, as everything pooled is when a block comes.
+            let published = self.snapshot.load();
+            mined.extend(gone.iter().filter_map(|h| published.by_hash.get(h).cloned()));
             self.forget(&gone, TxStatus::Mined { block: Some(number) });
             changes.touched.insert(*sender);
         }
@@ -250,7 +251,7 @@ impl Writer {
         let (journaled, replayed): (Vec<_>, Vec<_>) = inserts.into_iter().partition(|s| s.journal);
         // Replayed from the journal: already in it.
         for s in replayed {
-            let result = self.pool.insert(s.pooled.tx.clone(), s.nonce, s.balance);
+            let result = self.pool.insert(s.pooled.clone(), s.nonce, s.balance);
             let result = result.map(|done| self.accept(&s.pooled, done, changes)).map_err(|e| self.refuse(e));
             if let Some(reply) = s.reply {
                 replies.push((reply, result));
@@ -265,7 +266,7 @@ impl Writer {
         }
         let mut accepted = Vec::with_capacity(journaled.len());
         for s in journaled {
-            match self.pool.insert(s.pooled.tx.clone(), s.nonce, s.balance) {
+            match self.pool.insert(s.pooled.clone(), s.nonce, s.balance) {
                 Ok(done) => accepted.push((s, done)),
                 Err(e) => {
                     let e = self.refuse(e);
@@ -305,12 +306,11 @@ impl Writer {
         replies
     }
 
-    /// Takes an inserted transaction into the writer's state: its bytes, the index, and the
-    /// statuses of what it displaced.
+    /// Takes an inserted transaction into what is published next: the index, its sender's
+    /// view, and the statuses of what it displaced.
     fn accept(&mut self, pooled: &Arc<Pooled>, done: crate::Inserted, changes: &mut Changes) -> B256 {
         let hash = pooled.tx.hash;
         changes.touched.insert(pooled.tx.sender);
-        self.txs.insert(hash, pooled.clone());
         self.index.push(IndexChange::Add(pooled.clone()));
         if let Some(old) = done.replaced {
             self.forget(&[old], TxStatus::Replaced { by: hash });
@@ -328,17 +328,24 @@ impl Writer {
         e
     }
 
-    /// Forgets transactions that left the pool, recording why.
+    /// Forgets transactions that left the pool (each hash once, as the pool gives them),
+    /// recording why.
     fn forget(&mut self, hashes: &[B256], status: TxStatus) {
+        if hashes.is_empty() {
+            return;
+        }
+        // A transaction that leaves was either published (its sender's view must change) or
+        // accepted in this batch, whose sender is among the touched already.
+        let published = self.snapshot.load();
         for hash in hashes {
-            if let Some(p) = self.txs.remove(hash) {
+            if let Some(p) = published.by_hash.get(hash) {
                 self.dirty.insert(p.tx.sender);
-                self.index.push(IndexChange::Remove(*hash));
-                let network = self.network.clone();
-                metrics::counter!("sluice_mempool_removed_total", "network" => network, "why" => status.label())
-                    .increment(1);
-                self.statuses.record(*hash, status.clone());
             }
+            self.index.push(IndexChange::Remove(*hash));
+            let network = self.network.clone();
+            metrics::counter!("sluice_mempool_removed_total", "network" => network, "why" => status.label())
+                .increment(1);
+            self.statuses.record(*hash, status.clone());
         }
     }
 
@@ -375,10 +382,8 @@ impl Writer {
             let mut view = SenderView { pending_nonce, ..SenderView::default() };
             if let Some((pending, txs)) = self.pool.txs_of(&sender) {
                 view.pending.reserve_exact(pending);
-                for (i, t) in txs.enumerate() {
-                    if let Some(p) = self.txs.get(&t.hash) {
-                        if i < pending { &mut view.pending } else { &mut view.queued }.push(p.clone());
-                    }
+                for (i, p) in txs.enumerate() {
+                    if i < pending { &mut view.pending } else { &mut view.queued }.push(p.clone());
                 }
             }
             // Both lists are in nonce order: a transaction was pending before when the old list
@@ -409,16 +414,16 @@ impl Writer {
 
     /// Rewrites the journal with the live transactions once it is mostly dead records.
     fn maybe_compact(&mut self) {
-        let live = self.txs.len();
+        let live = self.pool.len();
         if !self.replaying && self.journal_records > 2 * live + 4096 {
             self.compact();
         }
     }
 
     fn compact(&mut self) {
-        let live = self.txs.len() + self.unsettled.len();
+        let live = self.pool.len() + self.unsettled.len();
         if let Some(journal) = &mut self.journal {
-            let kept = self.txs.values().map(|p| p.raw.as_ref()).chain(self.unsettled.iter().map(|r| r.as_ref()));
+            let kept = self.pool.iter().map(|p| p.raw.as_ref()).chain(self.unsettled.iter().map(|r| r.as_ref()));
             match journal.compact(kept) {
                 Ok(()) => self.journal_records = live,
                 Err(e) => tracing::error!(error = %e, "mempool journal compaction failed"),
@@ -444,7 +449,6 @@ mod tests {
             statuses: Statuses::new(1024),
             relay: mpsc::channel(16).0,
             pending_events: broadcast::channel(16).0,
-            txs: B256Map::default(),
             journal_records: 0,
             dirty: AddressSet::default(),
             index: Vec::new(),
@@ -484,7 +488,7 @@ mod tests {
         let snapshot = writer.snapshot.load_full();
         assert!(snapshot.by_hash.contains_key(&first.hash), "the acknowledged transaction is still readable");
         assert!(!snapshot.by_hash.contains_key(&replacement.hash));
-        assert_eq!(writer.pool.get(&first.hash).map(|t| t.hash), Some(first.hash), "and still pooled");
+        assert_eq!(writer.pool.get(&first.hash).map(|t| t.tx.hash), Some(first.hash), "and still pooled");
         assert_eq!(writer.statuses.get(&first.hash), None, "and not recorded as replaced");
         // A later replacement that is journaled replaces it as usual.
         assert_eq!(submit(&mut writer, &replacement), Ok(replacement.hash));

@@ -19,46 +19,67 @@ use alloy_primitives::map::{AddressMap, B256Map};
 use alloy_primitives::{Address, B256, U256};
 
 mod types;
-pub use types::{Config, InsertError, Inserted, PoolTx, Status};
+pub use types::{AsPoolTx, Config, InsertError, Inserted, PoolTx, Status};
 
-#[derive(Debug, Default, Clone)]
-struct Sender {
-    txs: BTreeMap<u64, Arc<PoolTx>>,
+#[derive(Debug)]
+struct Sender<T> {
+    txs: BTreeMap<u64, Arc<T>>,
     nonce: u64,
     balance: U256,
     /// `pending_len` at the pool's base fee, as of the last [`Pool::touch`].
     pending: usize,
 }
 
-impl Sender {
+// By hand: derived, they would ask `T` itself for `Default` and `Clone`.
+impl<T> Default for Sender<T> {
+    fn default() -> Self {
+        Self { txs: BTreeMap::new(), nonce: 0, balance: U256::ZERO, pending: 0 }
+    }
+}
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Self {
+        Self { txs: self.txs.clone(), nonce: self.nonce, balance: self.balance, pending: self.pending }
+    }
+}
+
+impl<T: AsPoolTx> Sender<T> {
     /// How many of its transactions are executable at `base_fee`: the run of consecutive
     /// nonces from the account's, up to the first one whose fee cap is below the base fee.
     fn pending_len(&self, base_fee: u128) -> usize {
         (self.nonce..)
             .zip(self.txs.range(self.nonce..))
-            .take_while(|(expected, (nonce, tx))| *nonce == expected && tx.max_fee >= base_fee)
+            .take_while(|(expected, (nonce, tx))| *nonce == expected && tx.pool_tx().max_fee >= base_fee)
             .count()
     }
 }
 
-/// The pool.
-#[derive(Debug, Default)]
-pub struct Pool {
+/// The pool, of `T`s: [`PoolTx`] alone, or anything that carries one (the mempool's writer pools
+/// its transactions with their bytes, so that what it publishes comes from the pool directly).
+#[derive(Debug)]
+pub struct Pool<T = PoolTx> {
     config: Config,
-    senders: AddressMap<Sender>,
-    by_hash: B256Map<Arc<PoolTx>>,
+    senders: AddressMap<Sender<T>>,
+    by_hash: B256Map<Arc<T>>,
     base_fee: u128,
     /// Sum of the senders' cached `pending`: keeps [`Pool::status`] O(1).
     pending_total: usize,
     /// While a checkpoint is open: each changed sender as it was before its first change
     /// (`None`: it had no transactions).
-    undo: Option<AddressMap<Option<Sender>>>,
+    undo: Option<AddressMap<Option<Sender<T>>>>,
 }
 
-impl Pool {
+impl<T: AsPoolTx> Pool<T> {
     /// An empty pool.
     pub fn new(config: Config) -> Self {
-        Self { config, ..Self::default() }
+        Self {
+            config,
+            senders: AddressMap::default(),
+            by_hash: B256Map::default(),
+            base_fee: 0,
+            pending_total: 0,
+            undo: None,
+        }
     }
 
     /// Sets the base fee of the next block: held transactions may become pending, and pending
@@ -88,6 +109,11 @@ impl Pool {
         self.by_hash.len()
     }
 
+    /// Every pooled transaction, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<T>> {
+        self.by_hash.values()
+    }
+
     /// Whether the pool is empty.
     pub fn is_empty(&self) -> bool {
         self.by_hash.is_empty()
@@ -107,7 +133,7 @@ impl Pool {
     }
 
     /// A pooled transaction by hash.
-    pub fn get(&self, hash: &B256) -> Option<Arc<PoolTx>> {
+    pub fn get(&self, hash: &B256) -> Option<Arc<T>> {
         self.by_hash.get(hash).cloned()
     }
 
@@ -123,9 +149,9 @@ impl Pool {
     }
 
     /// A sender's transactions split into (pending, queued), by nonce.
-    pub fn content_of(&self, sender: &Address) -> (Vec<Arc<PoolTx>>, Vec<Arc<PoolTx>>) {
+    pub fn content_of(&self, sender: &Address) -> (Vec<Arc<T>>, Vec<Arc<T>>) {
         let Some((pending, txs)) = self.txs_of(sender) else { return (Vec::new(), Vec::new()) };
-        let all: Vec<Arc<PoolTx>> = txs.cloned().collect();
+        let all: Vec<Arc<T>> = txs.cloned().collect();
         let (p, q) = all.split_at(pending);
         (p.to_vec(), q.to_vec())
     }
@@ -133,7 +159,7 @@ impl Pool {
     /// A sender's transactions by nonce, with how many of the first ones are pending; `None`
     /// when it has none. Borrowed: the writer rebuilds a sender's view from it on every
     /// change, without copying the lists first.
-    pub fn txs_of(&self, sender: &Address) -> Option<(usize, impl Iterator<Item = &Arc<PoolTx>> + '_)> {
+    pub fn txs_of(&self, sender: &Address) -> Option<(usize, impl Iterator<Item = &Arc<T>> + '_)> {
         let s = self.senders.get(sender)?;
         Some((s.pending, s.txs.values()))
     }
@@ -157,13 +183,13 @@ impl Pool {
             if let Some(now) = self.senders.remove(&address) {
                 self.pending_total -= now.pending;
                 for tx in now.txs.values() {
-                    self.by_hash.remove(&tx.hash);
+                    self.by_hash.remove(&tx.pool_tx().hash);
                 }
             }
             if let Some(before) = before {
                 self.pending_total += before.pending;
                 for tx in before.txs.values() {
-                    self.by_hash.insert(tx.hash, tx.clone());
+                    self.by_hash.insert(tx.pool_tx().hash, tx.clone());
                 }
                 self.senders.insert(address, before);
             }
@@ -180,10 +206,11 @@ impl Pool {
     }
 
     /// Inserts a transaction, given its sender's account nonce and balance at the head.
-    pub fn insert(&mut self, tx: PoolTx, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
-        let sender = tx.sender;
+    pub fn insert(&mut self, tx: impl Into<Arc<T>>, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
+        let entry = tx.into();
+        let sender = entry.pool_tx().sender;
         self.save(&sender);
-        let result = self.try_insert(tx, nonce, balance);
+        let result = self.try_insert(entry, nonce, balance);
         if result.is_err() {
             // A refusal may have left a new sender without transactions behind.
             self.touch(&sender);
@@ -191,7 +218,8 @@ impl Pool {
         result
     }
 
-    fn try_insert(&mut self, tx: PoolTx, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
+    fn try_insert(&mut self, entry: Arc<T>, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
+        let tx = entry.pool_tx();
         // State read at an older head may be behind what the pool has seen since.
         let nonce = nonce.max(self.senders.get(&tx.sender).map_or(0, |s| s.nonce));
         if self.by_hash.contains_key(&tx.hash) {
@@ -216,6 +244,7 @@ impl Pool {
         let replaced = match sender.txs.get(&tx.nonce) {
             Some(old) => {
                 let enough = |new: u128, old: u128| new.saturating_mul(100) >= old.saturating_mul(100 + bump);
+                let old = old.pool_tx();
                 if !enough(tx.max_fee, old.max_fee) || !enough(tx.max_priority_fee, old.max_priority_fee) {
                     return Err(InsertError::ReplacementUnderpriced);
                 }
@@ -224,20 +253,19 @@ impl Pool {
             None => None,
         };
         // Cumulative balance: every pooled tx of this sender up to this nonce, plus this one.
-        let cost: U256 = sender.txs.range(..tx.nonce).map(|(_, t)| t.cost()).fold(tx.cost(), |a, b| a + b);
+        let cost: U256 = sender.txs.range(..tx.nonce).map(|(_, t)| t.pool_tx().cost()).fold(tx.cost(), |a, b| a + b);
         if cost > balance {
             return Err(InsertError::InsufficientFunds { balance, cost });
         }
         let queued_before = sender.txs.len() - sender.pending_len(base_fee);
-        let tx = Arc::new(tx);
-        let previous = sender.txs.insert(tx.nonce, tx.clone());
+        let previous = sender.txs.insert(tx.nonce, entry.clone());
         let pending_now = sender.pending_len(base_fee);
         let is_pending = tx.nonce < sender.nonce + pending_now as u64;
         let queued_now = sender.txs.len() - pending_now;
         if !is_pending && queued_now > self.config.account_queue && queued_now > queued_before {
             // Undo: this sender has too many gapped transactions.
             match previous {
-                Some(prev) => sender.txs.insert(prev.nonce, prev),
+                Some(prev) => sender.txs.insert(tx.nonce, prev),
                 None => sender.txs.remove(&tx.nonce),
             };
             self.touch(&tx.sender);
@@ -246,19 +274,19 @@ impl Pool {
         if let Some(old) = replaced {
             self.by_hash.remove(&old);
         }
-        self.by_hash.insert(tx.hash, tx.clone());
+        self.by_hash.insert(tx.hash, entry.clone());
         self.touch(&tx.sender);
         let evicted = match self.make_room(Some(&tx.hash)) {
             Ok(evicted) => evicted,
             Err(e) => {
                 self.remove(&tx.hash);
                 if let Some(prev) = previous {
-                    self.by_hash.insert(prev.hash, prev.clone());
-                    let sender = prev.sender;
+                    let (hash, sender, prev_nonce) = (prev.pool_tx().hash, prev.pool_tx().sender, prev.pool_tx().nonce);
+                    self.by_hash.insert(hash, prev.clone());
                     let s = self.senders.entry(sender).or_default();
                     s.nonce = s.nonce.max(nonce);
                     s.balance = balance;
-                    s.txs.insert(prev.nonce, prev);
+                    s.txs.insert(prev_nonce, prev);
                     self.touch(&sender);
                 }
                 return Err(e);
@@ -283,7 +311,7 @@ impl Pool {
             // limit, else its highest queued one; never a lower nonce before a higher one.
             // Senders holding more than their guaranteed `account_slots` go first (as geth
             // trims them first), then the lowest tip.
-            let mut best: Option<((bool, u128), Arc<PoolTx>)> = None;
+            let mut best: Option<((bool, u128), B256)> = None;
             for (address, s) in &self.senders {
                 if self.config.priority_senders.contains(address) {
                     continue;
@@ -296,22 +324,22 @@ impl Pool {
                 } else {
                     None
                 };
-                let Some(candidate) = candidate else { continue };
+                let Some(candidate) = candidate.map(|c| c.pool_tx()) else { continue };
                 let within_guarantee = !over_slots || pending <= self.config.account_slots;
                 let rank = (within_guarantee, candidate.effective_tip(self.base_fee));
                 if best.as_ref().is_none_or(|(r, _)| rank < *r) {
-                    best = Some((rank, candidate.clone()));
+                    best = Some((rank, candidate.hash));
                 }
             }
             let Some((_, victim)) = best else {
                 // Only priority senders' transactions are left to evict.
                 return if newcomer.is_some() { Err(InsertError::Underpriced) } else { Ok(evicted) };
             };
-            if newcomer == Some(&victim.hash) {
+            if newcomer == Some(&victim) {
                 return Err(InsertError::Underpriced);
             }
-            self.remove(&victim.hash);
-            evicted.push(victim.hash);
+            self.remove(&victim);
+            evicted.push(victim);
         }
     }
 
@@ -323,17 +351,18 @@ impl Pool {
 
     /// Removes one transaction (dropped, evicted or rejected later by the node). A gap it
     /// leaves can push the queued count over its limit: call [`Pool::trim`] after removals.
-    pub fn remove(&mut self, hash: &B256) -> Option<Arc<PoolTx>> {
-        let sender = self.by_hash.get(hash)?.sender;
+    pub fn remove(&mut self, hash: &B256) -> Option<Arc<T>> {
+        let sender = self.by_hash.get(hash)?.pool_tx().sender;
         self.save(&sender);
-        let tx = self.by_hash.remove(hash)?;
+        let entry = self.by_hash.remove(hash)?;
+        let tx = entry.pool_tx();
         if let Some(s) = self.senders.get_mut(&tx.sender) {
-            if s.txs.get(&tx.nonce).is_some_and(|t| t.hash == *hash) {
+            if s.txs.get(&tx.nonce).is_some_and(|t| t.pool_tx().hash == *hash) {
                 s.txs.remove(&tx.nonce);
             }
         }
         self.touch(&tx.sender);
-        Some(tx)
+        Some(entry)
     }
 
     /// A new head moved `sender`'s nonce to `nonce`: its transactions below it were mined (or
@@ -349,7 +378,7 @@ impl Pool {
             return Vec::new();
         }
         let keep = s.txs.split_off(&nonce);
-        let gone: Vec<B256> = std::mem::replace(&mut s.txs, keep).into_values().map(|t| t.hash).collect();
+        let gone: Vec<B256> = std::mem::replace(&mut s.txs, keep).into_values().map(|t| t.pool_tx().hash).collect();
         for hash in &gone {
             self.by_hash.remove(hash);
         }
@@ -378,6 +407,7 @@ impl Pool {
                 s.txs
                     .values()
                     .skip(pending)
+                    .map(|t| t.pool_tx())
                     .filter(|t| now.saturating_duration_since(t.arrived) > lifetime)
                     .map(|t| t.hash),
             );

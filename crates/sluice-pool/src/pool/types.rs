@@ -27,6 +27,18 @@ pub struct PoolTx {
     pub arrived: Instant,
 }
 
+/// What a [`Pool`](super::Pool) holds: a transaction with the fields its rules read.
+pub trait AsPoolTx {
+    /// The pool's fields of it.
+    fn pool_tx(&self) -> &PoolTx;
+}
+
+impl AsPoolTx for PoolTx {
+    fn pool_tx(&self) -> &PoolTx {
+        self
+    }
+}
+
 impl PoolTx {
     /// The most it can cost its sender: value + gas limit × fee cap.
     pub fn cost(&self) -> U256 {
