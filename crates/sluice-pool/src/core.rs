@@ -55,7 +55,7 @@ impl Core {
         // answered from the snapshot, before any decoding or sender recovery: its hash is the
         // keccak of these very bytes, since decoding refuses any other encoding.
         let hash = alloy_primitives::keccak256(&raw);
-        if self.snapshot.load().by_hash.contains_key(&hash) {
+        if self.snapshot.load().contains(&hash) {
             return Ok(hash);
         }
         let _permit = match origin.admission() {

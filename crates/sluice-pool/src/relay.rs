@@ -56,7 +56,7 @@ pub(crate) async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<Arc<Pooled>>) {
             }
             _ = rebroadcast.tick() => {
                 let snapshot = core.snapshot();
-                last_sent.retain(|hash, _| snapshot.by_hash.contains_key(hash));
+                last_sent.retain(|hash, _| snapshot.contains(hash));
                 let now = Instant::now();
                 let due: Vec<Arc<Pooled>> = snapshot
                     .senders
@@ -76,7 +76,7 @@ pub(crate) async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<Arc<Pooled>>) {
 async fn send(core: &Core, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<B256, Instant>, kind: &'static str) {
     let snapshot = core.snapshot();
     // Skip what left the pool while queued here (mined, replaced).
-    let txs: Vec<Arc<Pooled>> = txs.into_iter().filter(|p| snapshot.by_hash.contains_key(&p.tx.hash)).collect();
+    let txs: Vec<Arc<Pooled>> = txs.into_iter().filter(|p| snapshot.contains(&p.tx.hash)).collect();
     if txs.is_empty() {
         return;
     }

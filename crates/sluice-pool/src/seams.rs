@@ -69,7 +69,7 @@ pub trait PoolView: Send + std::marker::Sync + 'static {
 
     /// A pooled transaction by hash.
     fn get(&self, hash: &B256) -> Option<Arc<Pooled>> {
-        self.snapshot().by_hash.get(hash).cloned()
+        self.snapshot().get(hash).cloned()
     }
 
     /// `eth_getTransactionCount(sender, "pending")` when the pool holds the sender's transactions.
@@ -98,7 +98,7 @@ pub trait PoolView: Send + std::marker::Sync + 'static {
     /// nonce order, so that another pool can take them as they come.
     fn raw_transactions(&self) -> Vec<(B256, Bytes)> {
         let snapshot = self.snapshot();
-        let mut txs = Vec::with_capacity(snapshot.by_hash.len());
+        let mut txs = Vec::with_capacity(snapshot.len());
         for view in snapshot.senders.values() {
             for pooled in view.pending.iter().chain(view.queued.iter()) {
                 txs.push((pooled.tx.hash, pooled.raw.clone()));

@@ -80,6 +80,7 @@ impl Mempool {
             pending_events: pending_events.clone(),
             dirty: Default::default(),
             index: Vec::new(),
+            retired: Default::default(),
             replaying: !replay.is_empty(),
             unsettled: Vec::new(),
             // Counted, so that compaction after replay follows the file's true size.
@@ -291,7 +292,7 @@ impl Mempool {
     /// Where a transaction is: pooled (pending or queued), or why it left.
     pub fn status_of(&self, hash: &B256) -> serde_json::Value {
         let snapshot = self.snapshot();
-        if let Some(p) = snapshot.by_hash.get(hash) {
+        if let Some(p) = snapshot.get(hash) {
             let pending =
                 snapshot.senders.get(&p.tx.sender).is_some_and(|v| v.pending.iter().any(|t| t.tx.hash == *hash));
             return serde_json::json!({ "hash": hash, "status": if pending { "pending" } else { "queued" } });

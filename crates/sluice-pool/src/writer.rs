@@ -10,8 +10,9 @@
 //! out after publishing. The thread never waits on the network: account state is fetched
 //! before a submission reaches it, and relaying happens elsewhere.
 
+use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use alloy_primitives::map::AddressSet;
@@ -22,7 +23,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::journal::Journal;
 use crate::seams::SubmitError;
 use crate::status::{Statuses, TxStatus};
-use crate::view::{Pooled, SenderView, Snapshot};
+use crate::view::{Place, Pooled, SenderView, Snapshot};
 use crate::{InsertError, Pool};
 
 /// Most commands applied per batch.
@@ -97,15 +98,55 @@ pub(crate) struct Writer {
     pub journal_records: usize,
     /// Senders whose transactions left since the last publish.
     pub dirty: AddressSet,
-    /// Hash index changes since the last publish, in order: the snapshot's index is updated
-    /// by exactly these (persistent maps copy a path per write, so no write is wasted).
+    /// Hash index changes since the last publish, in order.
     pub index: Vec<IndexChange>,
+    /// Hashes that left, waiting for the snapshots that still list them to go.
+    pub retired: Retired,
     /// The journal is being replayed: no compaction until it is over, since a compaction keeps
     /// only what is pooled and records not yet replayed would be lost.
     pub replaying: bool,
     /// Journal records that replay could not settle (account state unreadable): every
     /// compaction keeps them.
     pub unsettled: Vec<Bytes>,
+}
+
+/// The hash index's entries of transactions that left the pool, each kept until no snapshot
+/// that lists the transaction is alive: a snapshot answers by hash as of its own batch.
+///
+/// One record per published snapshot, in order: the snapshot before it, and the hashes it no
+/// longer lists. Once that snapshot and every older one are gone (a snapshot is only ever read
+/// through an `Arc`, and `ArcSwap` turns its readers' loads into counted references when it
+/// is replaced), no live snapshot lists those hashes.
+#[derive(Default)]
+pub(crate) struct Retired {
+    records: VecDeque<(Weak<Snapshot>, Vec<B256>)>,
+}
+
+impl Retired {
+    /// Snapshots waited for at most: past this many, the oldest record's hashes are deleted
+    /// anyway, so one reader holding an old snapshot forever cannot grow the index without
+    /// bound (that reader no longer finds by hash what left since; its views still list it).
+    const MAX_RECORDS: usize = 4096;
+
+    /// Records a publication: `before` was replaced by a snapshot no longer listing `left`.
+    fn push(&mut self, before: &Arc<Snapshot>, left: Vec<B256>) {
+        self.records.push_back((Arc::downgrade(before), left));
+    }
+
+    /// The hashes whose entries may go now: those of the oldest records whose snapshots (and
+    /// every older one) are gone.
+    fn due(&mut self) -> Vec<B256> {
+        let mut due = Vec::new();
+        while let Some((snapshot, _)) = self.records.front() {
+            if snapshot.strong_count() > 0 && self.records.len() <= Self::MAX_RECORDS {
+                break;
+            }
+            if let Some((_, left)) = self.records.pop_front() {
+                due.extend(left);
+            }
+        }
+        due
+    }
 }
 
 /// One change to the published hash index.
@@ -225,7 +266,7 @@ impl Writer {
             let gone = self.pool.advance(sender, *nonce);
             // Published before this batch, as everything pooled is when a block comes.
             let published = self.snapshot.load();
-            mined.extend(gone.iter().filter_map(|h| published.by_hash.get(h).cloned()));
+            mined.extend(gone.iter().filter_map(|h| published.get(h).cloned()));
             self.forget(&gone, TxStatus::Mined { block: Some(number) });
             changes.touched.insert(*sender);
         }
@@ -338,7 +379,7 @@ impl Writer {
         // accepted in this batch, whose sender is among the touched already.
         let published = self.snapshot.load();
         for hash in hashes {
-            if let Some(p) = published.by_hash.get(hash) {
+            if let Some(p) = published.get(hash) {
                 self.dirty.insert(p.tx.sender);
             }
             self.index.push(IndexChange::Remove(*hash));
@@ -362,13 +403,17 @@ impl Writer {
             senders.extend(self.pool.senders().copied());
             senders.extend(old.senders.keys().copied());
         }
-        for change in self.index.drain(..) {
-            match change {
-                IndexChange::Add(p) => {
-                    next.by_hash.insert(p.tx.hash, p);
-                }
-                IndexChange::Remove(hash) => {
-                    next.by_hash.remove(&hash);
+        // Entries are added before the snapshot that lists them is published, and deleted only
+        // once no live snapshot lists them (below).
+        let mut left = Vec::new();
+        {
+            let index = next.index.pin();
+            for change in self.index.drain(..) {
+                match change {
+                    IndexChange::Add(p) => {
+                        index.insert(p.tx.hash, Place { sender: p.tx.sender, nonce: p.tx.nonce });
+                    }
+                    IndexChange::Remove(hash) => left.push(hash),
                 }
             }
         }
@@ -402,7 +447,17 @@ impl Writer {
         next.base_fee = self.pool.base_fee();
         metrics::gauge!("sluice_mempool_pending", "network" => self.network.clone()).set(next.status.pending as f64);
         metrics::gauge!("sluice_mempool_queued", "network" => self.network.clone()).set(next.status.queued as f64);
+        let index = next.index.clone();
         self.snapshot.store(Arc::new(next));
+        self.retired.push(&old, left);
+        drop(old);
+        let index = index.pin();
+        for hash in self.retired.due() {
+            // A transaction that left and came back is listed again: its entry stays.
+            if self.pool.get(&hash).is_none() {
+                index.remove(&hash);
+            }
+        }
         for p in newly_pending {
             if let Err(mpsc::error::TrySendError::Full(_)) = self.relay.try_send(p.clone()) {
                 metrics::counter!("sluice_mempool_relay_deferred_total", "network" => self.network.clone())
@@ -433,68 +488,5 @@ impl Writer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::journal::Sync;
-    use crate::{decode, Rules};
-    use sluice_bench::txgen::{Fees, SignedTx, Wallet};
-
-    fn writer(journal: Journal) -> Writer {
-        Writer {
-            network: "test".into(),
-            accepted: metrics::Counter::noop(),
-            pool: Pool::new(crate::Config::default()),
-            journal: Some(journal),
-            snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
-            statuses: Statuses::new(1024),
-            relay: mpsc::channel(16).0,
-            pending_events: broadcast::channel(16).0,
-            journal_records: 0,
-            dirty: AddressSet::default(),
-            index: Vec::new(),
-            replaying: false,
-            unsettled: Vec::new(),
-        }
-    }
-
-    /// Inserts through the writer as a submitter would; its answer.
-    fn submit(writer: &mut Writer, signed: &SignedTx) -> Result<B256, SubmitError> {
-        let rules = Rules::default();
-        let raw = alloy_primitives::Bytes::from(signed.raw.clone());
-        let (tx, envelope) = decode(&raw, &rules, Instant::now()).expect("a valid transaction");
-        let (reply, mut answer) = oneshot::channel();
-        let pooled = Arc::new(Pooled { tx, raw, envelope });
-        let submission = Submission { pooled, nonce: 0, balance: U256::MAX, journal: true, reply: Some(reply) };
-        writer.apply(&mut vec![Command::Insert(submission)]);
-        answer.try_recv().expect("answered within the batch")
-    }
-
-    // The replacement is refused (its journal write failed), so the transaction it was to
-    // replace, already acknowledged, must still be pooled, visible, and in the journal.
-    #[test]
-    fn a_replacement_whose_journal_write_fails_keeps_the_transaction_it_replaced() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("pool.journal");
-        let (journal, _) = Journal::open(&path, Sync::Os).unwrap();
-        let mut writer = writer(journal);
-        let wallet = Wallet::numbered(1, 1);
-        let to = alloy_primitives::Address::repeat_byte(7);
-        let first = wallet.transfer(0, to, 1, Fees::default());
-        let bumped = Fees { max_fee: 40_000_000_000, tip: 2_000_000_000 };
-        let replacement = wallet.transfer(0, to, 1, bumped);
-        assert_eq!(submit(&mut writer, &first), Ok(first.hash));
-        writer.journal.as_mut().unwrap().fail_after = Some(0);
-        assert!(matches!(submit(&mut writer, &replacement), Err(SubmitError::Refused(InsertError::Journal(_)))));
-        let snapshot = writer.snapshot.load_full();
-        assert!(snapshot.by_hash.contains_key(&first.hash), "the acknowledged transaction is still readable");
-        assert!(!snapshot.by_hash.contains_key(&replacement.hash));
-        assert_eq!(writer.pool.get(&first.hash).map(|t| t.tx.hash), Some(first.hash), "and still pooled");
-        assert_eq!(writer.statuses.get(&first.hash), None, "and not recorded as replaced");
-        // A later replacement that is journaled replaces it as usual.
-        assert_eq!(submit(&mut writer, &replacement), Ok(replacement.hash));
-        assert!(writer.pool.get(&first.hash).is_none());
-        drop(writer);
-        let (_, replayed) = Journal::open(&path, Sync::Os).unwrap();
-        assert_eq!(replayed, [first.raw.clone(), replacement.raw.clone()]);
-    }
-}
+#[path = "writer_tests.rs"]
+mod tests;

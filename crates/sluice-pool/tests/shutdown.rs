@@ -32,9 +32,9 @@ async fn shutdown_ends_every_task_and_thread_and_releases_the_journal() {
     let late = wallet.transfer(100, Address::ZERO, 1, Fees::default());
     let refused = mempool.submit(Bytes::from(late.raw.clone()), Origin::Rpc).await;
     assert!(matches!(refused, Err(SubmitError::Unavailable(_))), "{refused:?}");
-    assert_eq!(mempool.snapshot().by_hash.len(), 100, "reads keep the last snapshot");
+    assert_eq!(mempool.snapshot().len(), 100, "reads keep the last snapshot");
     // The journal is closed and unlocked: a new mempool opens it and gets all 100 back.
     let again = Mempool::start(config, chain, &feed).await.expect("the journal is free again");
-    assert_eq!(again.snapshot().by_hash.len(), 100);
+    assert_eq!(again.snapshot().len(), 100);
     again.shutdown().await;
 }
