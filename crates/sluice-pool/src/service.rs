@@ -64,7 +64,7 @@ impl Mempool {
         for name in ["sluice_mempool_accepted_total", "sluice_mempool_journal_errors_total"] {
             metrics::counter!(name, "network" => config.network.clone()).increment(0);
         }
-        let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
+        let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::with_capacity(config.pool.capacity())));
         let statuses = Statuses::new(config.status_capacity);
         let (relay_tx, relay_rx) = tokio::sync::mpsc::channel(RELAY_QUEUE);
         let (pending_events, _) = broadcast::channel(16_384);

@@ -122,6 +122,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// An empty snapshot whose hash index is sized for `capacity` transactions.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let index = TxIndex::with_capacity_and_hasher(capacity, Default::default());
+        Self { index: Arc::new(index), ..Self::default() }
+    }
+
     /// A transaction pooled as of this snapshot, by hash.
     pub fn get(&self, hash: &B256) -> Option<&Arc<Pooled>> {
         let place = *self.index.pin().get(hash)?;

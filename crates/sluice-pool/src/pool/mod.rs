@@ -69,13 +69,17 @@ pub struct Pool<T = PoolTx> {
     undo: Option<AddressMap<Option<Sender<T>>>>,
 }
 
+/// Transactions a pool's hash map is sized for up front, at most: a pool filling up under load
+/// then does not rehash it on the way (each rehash moves every entry at once).
+const PRESIZED: usize = 1 << 16;
+
 impl<T: AsPoolTx> Pool<T> {
-    /// An empty pool.
+    /// An empty pool, its map by hash sized for its limits (up to 65,536 transactions).
     pub fn new(config: Config) -> Self {
         Self {
-            config,
             senders: AddressMap::default(),
-            by_hash: B256Map::default(),
+            by_hash: B256Map::with_capacity_and_hasher(config.capacity(), Default::default()),
+            config,
             base_fee: 0,
             pending_total: 0,
             undo: None,

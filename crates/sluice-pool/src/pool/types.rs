@@ -72,6 +72,14 @@ pub struct Config {
     pub priority_senders: HashSet<Address>,
 }
 
+impl Config {
+    /// How many transactions the pool's maps are sized for when it is made: its limits, up to
+    /// 65,536.
+    pub fn capacity(&self) -> usize {
+        self.global_slots.saturating_add(self.global_queue).min(super::PRESIZED)
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
