@@ -69,6 +69,7 @@ impl Mempool {
         let (relay_tx, relay_rx) = tokio::sync::mpsc::channel(RELAY_QUEUE);
         let (pending_events, _) = broadcast::channel(16_384);
         let pool = Pool::new(config.pool.clone());
+        let (answers, answers_rx) = tokio::sync::mpsc::unbounded_channel();
         let writer = Writer {
             network: config.network.clone(),
             accepted: metrics::counter!("sluice_mempool_accepted_total", "network" => config.network.clone()),
@@ -78,6 +79,7 @@ impl Mempool {
             statuses: statuses.clone(),
             relay: relay_tx,
             pending_events: pending_events.clone(),
+            answers: Some(answers),
             dirty: Default::default(),
             index: Vec::new(),
             retired: Default::default(),
@@ -115,6 +117,8 @@ impl Mempool {
             writer: std::sync::Mutex::new(Some(writer)),
         });
         mempool.spawn(crate::intake::run(intake, verified));
+        // Cancelled at shutdown before the writer's last batch: the writer then answers itself.
+        mempool.spawn(crate::writer::deliver(answers_rx));
         if mempool.core.config.relay {
             mempool.spawn(crate::relay::run(mempool.core.clone(), relay_rx));
         }

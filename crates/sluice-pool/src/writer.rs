@@ -32,6 +32,9 @@ pub const MAX_BATCH: usize = 1024;
 /// An answer to a submitter, sent once the snapshot is published.
 type Reply = (oneshot::Sender<Result<B256, SubmitError>>, Result<B256, InsertError>);
 
+/// A batch's answers, as its submitters get them.
+pub(crate) type Answers = Vec<(oneshot::Sender<Result<B256, SubmitError>>, Result<B256, SubmitError>)>;
+
 /// One validated transaction with its sender's account state at the head.
 pub(crate) struct Submission {
     pub pooled: Arc<Pooled>,
@@ -94,6 +97,9 @@ pub(crate) struct Writer {
     /// (which sends every pending transaction not sent yet), so the writer never blocks on it.
     pub relay: mpsc::Sender<Arc<Pooled>>,
     pub pending_events: broadcast::Sender<Arc<Pooled>>,
+    /// Where a batch's answers go as one message, to be sent by a task on the runtime (see
+    /// [`deliver`]); when it is gone, the writer sends them itself.
+    pub answers: Option<mpsc::UnboundedSender<Answers>>,
     /// Records in the journal since it was last compacted.
     pub journal_records: usize,
     /// Senders whose transactions left since the last publish.
@@ -146,6 +152,21 @@ impl Retired {
             }
         }
         due
+    }
+}
+
+/// Sends the writer's answers, a batch at a time, from a task on the runtime.
+///
+/// Each answer wakes its submitter's task. Woken from the writer's thread, each of those is a
+/// wake-up from outside the runtime: a push onto its shared queue under a lock, and often a
+/// worker unparked with a system call. Woken from a task, they go on that worker's own queue:
+/// the writer then wakes the runtime once per batch, not once per transaction. The channel is
+/// unbounded but holds no more answers than submissions wait for them.
+pub(crate) async fn deliver(mut batches: mpsc::UnboundedReceiver<Answers>) {
+    while let Some(answers) = batches.recv().await {
+        for (reply, result) in answers {
+            let _ = reply.send(result);
+        }
     }
 }
 
@@ -238,9 +259,7 @@ impl Writer {
         }
         let replies = self.insert_all(inserts, &mut changes);
         self.publish(changes);
-        for (reply, result) in replies {
-            let _ = reply.send(result.map_err(SubmitError::Refused));
-        }
+        self.answer(replies.into_iter().map(|(reply, result)| (reply, result.map_err(SubmitError::Refused))).collect());
         for (reply, mined) in block_replies {
             let _ = reply.send(mined);
         }
@@ -360,6 +379,23 @@ impl Writer {
         self.forget(&done.mined, TxStatus::Mined { block: None });
         self.accepted.increment(1);
         hash
+    }
+
+    /// Sends a batch's answers: through [`deliver`] when it runs, else from here.
+    fn answer(&self, answers: Answers) {
+        if answers.is_empty() {
+            return;
+        }
+        let answers = match &self.answers {
+            Some(deliver) => match deliver.send(answers) {
+                Ok(()) => return,
+                Err(unsent) => unsent.0,
+            },
+            None => answers,
+        };
+        for (reply, result) in answers {
+            let _ = reply.send(result);
+        }
     }
 
     /// A refusal by the pool's rules, counted.

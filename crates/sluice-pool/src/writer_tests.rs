@@ -15,6 +15,7 @@ fn writer(journal: Journal) -> Writer {
         statuses: Statuses::new(1024),
         relay: mpsc::channel(16).0,
         pending_events: broadcast::channel(16).0,
+        answers: None,
         journal_records: 0,
         dirty: AddressSet::default(),
         index: Vec::new(),
