@@ -63,6 +63,8 @@ impl Intake {
     fn take(&self, results: impl Iterator<Item = (Result<Verified, DecodeError>, Ticket)>) {
         let mut ready = Vec::new();
         let mut unread: Vec<Unread> = Vec::new();
+        // One lock for the turn's lookups; `get` (the reads of what is missing) waits for it.
+        let mut states = self.state.cached_states();
         for (verified, ticket) in results {
             let (tx, envelope) = match verified {
                 Ok(verified) => verified,
@@ -76,11 +78,12 @@ impl Intake {
                 }
             };
             let pooled = Pooled { tx, raw: ticket.raw, envelope };
-            match self.state.cached(pooled.tx.sender) {
+            match states.get(pooled.tx.sender) {
                 Some((nonce, balance)) => ready.push(submission(pooled, nonce, balance, ticket.journal, ticket.reply)),
                 None => unread.push((pooled, ticket.journal, ticket.reply)),
             }
         }
+        drop(states);
         send(&self.commands, ready);
         if !unread.is_empty() {
             let (state, commands) = (self.state.clone(), self.commands.clone());

@@ -6,7 +6,7 @@
 //! burst of new senders costs one round trip, not one per transaction. The cache holds the
 //! states read at one head: a new head (or a reorg) empties it at once.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use alloy_primitives::map::AddressMap;
@@ -80,8 +80,14 @@ impl StateReader {
 
     /// The sender's state at the current head when it was read already (no waiting).
     pub fn cached(&self, address: Address) -> Option<AccountState> {
+        self.cached_states().get(address)
+    }
+
+    /// The states read already at the current head, for several lookups under one lock (the
+    /// intake looks up a verifier turn's senders at once).
+    pub fn cached_states(&self) -> CachedStates<'_> {
         let head = self.head();
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner).at(head).get(&address).copied()
+        CachedStates { states: self.cache.lock().unwrap_or_else(PoisonError::into_inner), head }
     }
 
     /// The sender's state at the current head.
@@ -108,6 +114,19 @@ impl StateReader {
     /// Several senders' states at once (one upstream batch for all the misses).
     pub async fn get_many(&self, addresses: &[Address]) -> Vec<Result<AccountState, String>> {
         futures_util::future::join_all(addresses.iter().map(|a| self.get(*a))).await
+    }
+}
+
+/// The states cached at one head, locked (see [`StateReader::cached_states`]).
+pub struct CachedStates<'a> {
+    states: MutexGuard<'a, HeadStates>,
+    head: (u64, u64),
+}
+
+impl CachedStates<'_> {
+    /// The sender's state, if it was read at this head.
+    pub fn get(&mut self, address: Address) -> Option<AccountState> {
+        self.states.at(self.head).get(&address).copied()
     }
 }
 
