@@ -10,12 +10,13 @@
 //! which the hash fixes), and a lookup counts only when the snapshot's own view of that sender
 //! has the transaction there. The writer adds an entry before publishing the snapshot that
 //! lists it, and deletes one only once every snapshot that listed it is gone (see
-//! `writer::Retired`), so each snapshot still answers by hash exactly as of its batch. Kept as a
+//! [`Retired`]), so each snapshot still answers by hash exactly as of its batch. Kept as a
 //! persistent map like the senders', the index took 45 % of the writer's CPU samples under
 //! load (`perf record` during `cargo bench -p sluice-pool --bench mempool`): every insert copies
 //! a path of nodes of 32 entries each.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
 
 use alloy_consensus::transaction::Recovered;
 use alloy_consensus::{Transaction, TxEnvelope};
@@ -89,6 +90,45 @@ impl SenderView {
         [&self.pending, &self.queued]
             .into_iter()
             .find_map(|list| list.binary_search_by_key(&nonce, |p| p.tx.nonce).ok().map(|i| &list[i]))
+    }
+}
+
+/// The hash index's entries of transactions that left the pool, each kept until no snapshot
+/// that lists the transaction is alive: a snapshot answers by hash as of its own batch.
+///
+/// One record per published snapshot, in order: the snapshot before it, and the hashes it no
+/// longer lists. Once that snapshot and every older one are gone (a snapshot is only ever read
+/// through an `Arc`, and `ArcSwap` turns its readers' loads into counted references when it
+/// is replaced), no live snapshot lists those hashes.
+#[derive(Default)]
+pub(crate) struct Retired {
+    records: VecDeque<(Weak<Snapshot>, Vec<B256>)>,
+}
+
+impl Retired {
+    /// Snapshots waited for at most: past this many, the oldest record's hashes are deleted
+    /// anyway, so one reader holding an old snapshot forever cannot grow the index without
+    /// bound (that reader no longer finds by hash what left since; its views still list it).
+    const MAX_RECORDS: usize = 4096;
+
+    /// Records a publication: `before` was replaced by a snapshot no longer listing `left`.
+    pub(crate) fn push(&mut self, before: &Arc<Snapshot>, left: Vec<B256>) {
+        self.records.push_back((Arc::downgrade(before), left));
+    }
+
+    /// The hashes whose entries may go now: those of the oldest records whose snapshots (and
+    /// every older one) are gone.
+    pub(crate) fn due(&mut self) -> Vec<B256> {
+        let mut due = Vec::new();
+        while let Some((snapshot, _)) = self.records.front() {
+            if snapshot.strong_count() > 0 && self.records.len() <= Self::MAX_RECORDS {
+                break;
+            }
+            if let Some((_, left)) = self.records.pop_front() {
+                due.extend(left);
+            }
+        }
+        due
     }
 }
 

@@ -10,9 +10,8 @@
 //! out after publishing. The thread never waits on the network: account state is fetched
 //! before a submission reaches it, and relaying happens elsewhere.
 
-use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Instant;
 
 use alloy_primitives::map::AddressSet;
@@ -23,7 +22,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::journal::Journal;
 use crate::seams::SubmitError;
 use crate::status::{Statuses, TxStatus};
-use crate::view::{Place, Pooled, SenderView, Snapshot};
+use crate::view::{Place, Pooled, Retired, SenderView, Snapshot};
 use crate::{InsertError, Pool};
 
 /// Most commands applied per batch.
@@ -114,45 +113,6 @@ pub(crate) struct Writer {
     /// Journal records that replay could not settle (account state unreadable): every
     /// compaction keeps them.
     pub unsettled: Vec<Bytes>,
-}
-
-/// The hash index's entries of transactions that left the pool, each kept until no snapshot
-/// that lists the transaction is alive: a snapshot answers by hash as of its own batch.
-///
-/// One record per published snapshot, in order: the snapshot before it, and the hashes it no
-/// longer lists. Once that snapshot and every older one are gone (a snapshot is only ever read
-/// through an `Arc`, and `ArcSwap` turns its readers' loads into counted references when it
-/// is replaced), no live snapshot lists those hashes.
-#[derive(Default)]
-pub(crate) struct Retired {
-    records: VecDeque<(Weak<Snapshot>, Vec<B256>)>,
-}
-
-impl Retired {
-    /// Snapshots waited for at most: past this many, the oldest record's hashes are deleted
-    /// anyway, so one reader holding an old snapshot forever cannot grow the index without
-    /// bound (that reader no longer finds by hash what left since; its views still list it).
-    const MAX_RECORDS: usize = 4096;
-
-    /// Records a publication: `before` was replaced by a snapshot no longer listing `left`.
-    fn push(&mut self, before: &Arc<Snapshot>, left: Vec<B256>) {
-        self.records.push_back((Arc::downgrade(before), left));
-    }
-
-    /// The hashes whose entries may go now: those of the oldest records whose snapshots (and
-    /// every older one) are gone.
-    fn due(&mut self) -> Vec<B256> {
-        let mut due = Vec::new();
-        while let Some((snapshot, _)) = self.records.front() {
-            if snapshot.strong_count() > 0 && self.records.len() <= Self::MAX_RECORDS {
-                break;
-            }
-            if let Some((_, left)) = self.records.pop_front() {
-                due.extend(left);
-            }
-        }
-        due
-    }
 }
 
 /// Sends the writer's answers, a batch at a time, from a task on the runtime.
