@@ -10,7 +10,7 @@
 //! which the hash fixes), and a lookup counts only when the snapshot's own view of that sender
 //! has the transaction there. The writer adds an entry before publishing the snapshot that
 //! lists it, and deletes one only once every snapshot that listed it is gone (see
-//! [`Retired`]), so each snapshot still answers by hash exactly as of its batch. Kept as a
+//! `Retired`), so each snapshot still answers by hash exactly as of its batch. Kept as a
 //! persistent map like the senders', the index took 45 % of the writer's CPU samples under
 //! load (`perf record` during `cargo bench -p sluice-pool --bench mempool`): every insert copies
 //! a path of nodes of 32 entries each.
