@@ -142,9 +142,16 @@ impl<T: Send + 'static> Verifier<T> {
                         Err(_) => true,
                     };
                     let mut group = Vec::with_capacity(jobs.len());
-                    for job in jobs.drain(..) {
-                        let verified = decode(&job.raw, &job.rules, Instant::now());
-                        match job.deliver {
+                    // The turn's places go back together, at its end: each release takes the
+                    // semaphore's lock, which the submitters' tasks take places from.
+                    let mut places: Option<OwnedSemaphorePermit> = None;
+                    for Verify { raw, rules, deliver, _place: place } in jobs.drain(..) {
+                        let verified = decode(&raw, &rules, Instant::now());
+                        match &mut places {
+                            Some(places) => places.merge(place),
+                            None => places = Some(place),
+                        }
+                        match deliver {
                             Deliver::Reply(reply) => {
                                 let _ = reply.send(verified);
                             }
@@ -156,6 +163,7 @@ impl<T: Send + 'static> Verifier<T> {
                         // submitters see it.
                         let _ = groups.send(group);
                     }
+                    drop(places);
                     if stop {
                         return;
                     }
