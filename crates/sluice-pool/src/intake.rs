@@ -51,7 +51,8 @@ const GROUPS: usize = 64;
 pub(crate) async fn run(intake: Intake, mut groups: mpsc::UnboundedReceiver<Group<Ticket>>) {
     let mut taken = Vec::with_capacity(GROUPS);
     while groups.recv_many(&mut taken, GROUPS).await > 0 {
-        intake.take(taken.drain(..).flatten());
+        let count = taken.iter().map(Vec::len).sum();
+        intake.take(taken.drain(..).flatten(), count);
     }
 }
 
@@ -59,9 +60,10 @@ pub(crate) async fn run(intake: Intake, mut groups: mpsc::UnboundedReceiver<Grou
 type Unread = (Pooled, bool, oneshot::Sender<Result<B256, SubmitError>>);
 
 impl Intake {
-    /// Answers or forwards one pass of verified transactions.
-    fn take(&self, results: impl Iterator<Item = (Result<Verified, DecodeError>, Ticket)>) {
-        let mut ready = Vec::new();
+    /// Answers or forwards one pass of verified transactions, `count` of them.
+    fn take(&self, results: impl Iterator<Item = (Result<Verified, DecodeError>, Ticket)>, count: usize) {
+        // Sized up front: grown a push at a time, it was moved four times for a turn of 64.
+        let mut ready = Vec::with_capacity(count);
         let mut unread: Vec<Unread> = Vec::new();
         // One lock for the turn's lookups; `get` (the reads of what is missing) waits for it.
         let mut states = self.state.cached_states();
