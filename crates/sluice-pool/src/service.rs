@@ -42,6 +42,9 @@ pub struct Mempool {
     /// retries hold the mempool itself): owned here and ended by the token, never left running.
     tasks: std::sync::Mutex<JoinSet<()>>,
     writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The task sending the writer's answers: not ended by the token but by the writer (it
+    /// ends once the writer is gone and every answer is sent), so no answer is dropped.
+    answers: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Mempool {
@@ -115,10 +118,9 @@ impl Mempool {
             cancel: CancellationToken::new(),
             tasks: Default::default(),
             writer: std::sync::Mutex::new(Some(writer)),
+            answers: std::sync::Mutex::new(Some(tokio::spawn(crate::writer::deliver(answers_rx)))),
         });
         mempool.spawn(crate::intake::run(intake, verified));
-        // Cancelled at shutdown before the writer's last batch: the writer then answers itself.
-        mempool.spawn(crate::writer::deliver(answers_rx));
         if mempool.core.config.relay {
             mempool.spawn(crate::relay::run(mempool.core.clone(), relay_rx));
         }
@@ -279,6 +281,10 @@ impl Mempool {
             verifiers();
         })
         .await;
+        let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(answers) = answers {
+            let _ = answers.await;
+        }
         tracing::debug!("mempool stopped");
     }
 

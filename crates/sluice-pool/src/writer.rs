@@ -121,7 +121,8 @@ pub(crate) struct Writer {
 /// wake-up from outside the runtime: a push onto its shared queue under a lock, and often a
 /// worker unparked with a system call. Woken from a task, they go on that worker's own queue:
 /// the writer then wakes the runtime once per batch, not once per transaction. The channel is
-/// unbounded but holds no more answers than submissions wait for them.
+/// unbounded but holds no more answers than submissions wait for them. It ends when the writer
+/// is gone, after the last answer.
 pub(crate) async fn deliver(mut batches: mpsc::UnboundedReceiver<Answers>) {
     while let Some(answers) = batches.recv().await {
         for (reply, result) in answers {

@@ -61,6 +61,27 @@ fn a_held_snapshot_still_finds_what_left_and_the_entry_goes_with_it() {
     assert_eq!(writer.snapshot.load().index.len(), 1);
 }
 
+// Readers mostly hold a snapshot through `ArcSwap::load`'s guard, which counts no reference
+// while the snapshot is current; replacing it must still keep the index entries it lists.
+#[test]
+fn a_snapshot_held_through_a_load_guard_keeps_its_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let (journal, _) = Journal::open(&dir.path().join("pool.journal"), Sync::Os).unwrap();
+    let mut writer = writer(journal);
+    let wallet = Wallet::numbered(2, 1);
+    let to = alloy_primitives::Address::repeat_byte(7);
+    let tx = wallet.transfer(0, to, 1, Fees::default());
+    assert_eq!(submit(&mut writer, &tx), Ok(tx.hash));
+    let swap = writer.snapshot.clone();
+    let guard = swap.load();
+    writer.apply(&mut vec![Command::Reject { hash: tx.hash, reason: "test".into() }]);
+    writer.apply(&mut vec![Command::Expire]);
+    assert!(guard.get(&tx.hash).is_some(), "the guarded snapshot still finds it after two publications");
+    drop(guard);
+    writer.apply(&mut vec![Command::Expire]);
+    assert!(!writer.snapshot.load().index.pin().contains_key(&tx.hash));
+}
+
 // The replacement is refused (its journal write failed), so the transaction it was to
 // replace, already acknowledged, must still be pooled, visible, and in the journal.
 #[test]
