@@ -37,16 +37,24 @@ fn submit(writer: &mut Writer, signed: &SignedTx) -> Result<B256, SubmitError> {
     answer.try_recv().expect("answered within the batch")
 }
 
+/// A writer on a journal in a new directory (kept alive by the first value).
+fn journaled_writer() -> (tempfile::TempDir, Writer) {
+    let dir = tempfile::tempdir().unwrap();
+    let (journal, _) = Journal::open(&dir.path().join("pool.journal"), Sync::Os).unwrap();
+    (dir, writer(journal))
+}
+
+/// Account `n`'s transfer with `nonce`.
+fn transfer(n: u64, nonce: u64) -> SignedTx {
+    Wallet::numbered(n, 1).transfer(nonce, alloy_primitives::Address::repeat_byte(7), 1, Fees::default())
+}
+
 // A snapshot answers by hash as of its batch, also after the transaction left; the index
 // entry goes once no snapshot lists it.
 #[test]
 fn a_held_snapshot_still_finds_what_left_and_the_entry_goes_with_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (journal, _) = Journal::open(&dir.path().join("pool.journal"), Sync::Os).unwrap();
-    let mut writer = writer(journal);
-    let wallet = Wallet::numbered(1, 1);
-    let to = alloy_primitives::Address::repeat_byte(7);
-    let (first, second) = (wallet.transfer(0, to, 1, Fees::default()), wallet.transfer(1, to, 1, Fees::default()));
+    let (_dir, mut writer) = journaled_writer();
+    let (first, second) = (transfer(1, 0), transfer(1, 1));
     assert_eq!(submit(&mut writer, &first), Ok(first.hash));
     assert_eq!(submit(&mut writer, &second), Ok(second.hash));
     let held = writer.snapshot.load_full();
@@ -65,12 +73,8 @@ fn a_held_snapshot_still_finds_what_left_and_the_entry_goes_with_it() {
 // while the snapshot is current; replacing it must still keep the index entries it lists.
 #[test]
 fn a_snapshot_held_through_a_load_guard_keeps_its_entries() {
-    let dir = tempfile::tempdir().unwrap();
-    let (journal, _) = Journal::open(&dir.path().join("pool.journal"), Sync::Os).unwrap();
-    let mut writer = writer(journal);
-    let wallet = Wallet::numbered(2, 1);
-    let to = alloy_primitives::Address::repeat_byte(7);
-    let tx = wallet.transfer(0, to, 1, Fees::default());
+    let (_dir, mut writer) = journaled_writer();
+    let tx = transfer(2, 0);
     assert_eq!(submit(&mut writer, &tx), Ok(tx.hash));
     let swap = writer.snapshot.clone();
     let guard = swap.load();
