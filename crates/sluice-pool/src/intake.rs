@@ -5,9 +5,10 @@
 //! writer (undecodable), attaches each sender's account state, and hands the rest to the writer
 //! as one command. A transaction pooled while it was verified (a peer sent it too) is found by
 //! the pool itself, which the submitter hears as pooled: looking for it in the snapshot here
-//! too cost a lookup per transaction for what is rare. Under load, a turn holds many transactions: one wake-up
-//! of this task and one writer batch per turn, not two task wake-ups and a writer wake-up per
-//! transaction, which cost about as much as the sender recovery they surround.
+//! too cost a lookup per transaction for what is rare. Under load, a turn holds many
+//! transactions: one wake-up of this task and one writer batch per turn, not two task wake-ups
+//! and a writer wake-up per transaction, which cost about as much as the sender recovery they
+//! surround.
 //!
 //! States already read at the current head are attached at once. The others are read in one
 //! upstream batch by a task of their own (it ends within the state timeout), so a slow node

@@ -30,9 +30,9 @@ const MAX_CACHED: usize = 1 << 20;
 /// reorg moves).
 ///
 /// A map behind a lock held only for one lookup or insert, where a general cache (moka) was:
-/// its bookkeeping (the access order and its queues) cost about a sixth of the async side's CPU
-/// per submission under load (`cargo bench -p sluice-pool --bench mempool`), and with every
-/// entry dead at the next head, nothing needs an eviction order.
+/// its bookkeeping (the access order and its queues) took about a sixth of the async workers'
+/// CPU samples under load (`perf record` during `cargo bench -p sluice-pool --bench mempool`),
+/// and with every entry dead at the next head, nothing needs an eviction order.
 #[derive(Default)]
 struct HeadStates {
     head: (u64, u64),

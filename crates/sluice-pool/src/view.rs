@@ -164,8 +164,8 @@ pub struct Snapshot {
 impl Snapshot {
     /// An empty snapshot whose hash index is sized for `capacity` transactions.
     pub(crate) fn with_capacity(capacity: usize) -> Self {
-        let index = TxIndex::with_capacity_and_hasher(capacity, Default::default());
-        Self { index: Arc::new(index), ..Self::default() }
+        let index = Arc::new(TxIndex::with_capacity_and_hasher(capacity, Default::default()));
+        Self { index, senders: PersistentMap::default(), status: Status::default(), base_fee: 0 }
     }
 
     /// A transaction pooled as of this snapshot, by hash.

@@ -133,7 +133,7 @@ pub(crate) async fn deliver(mut batches: mpsc::UnboundedReceiver<Answers>) {
 
 /// One change to the published hash index.
 pub(crate) enum IndexChange {
-    Add(Arc<Pooled>),
+    Add(B256, Place),
     Remove(B256),
 }
 
@@ -332,7 +332,7 @@ impl Writer {
     fn accept(&mut self, pooled: &Arc<Pooled>, done: crate::Inserted, changes: &mut Changes) -> B256 {
         let hash = pooled.tx.hash;
         changes.touched.insert(pooled.tx.sender);
-        self.index.push(IndexChange::Add(pooled.clone()));
+        self.index.push(IndexChange::Add(hash, Place { sender: pooled.tx.sender, nonce: pooled.tx.nonce }));
         if let Some(old) = done.replaced {
             self.forget(&[old], TxStatus::Replaced { by: hash });
         }
@@ -407,8 +407,8 @@ impl Writer {
             let index = next.index.pin();
             for change in self.index.drain(..) {
                 match change {
-                    IndexChange::Add(p) => {
-                        index.insert(p.tx.hash, Place { sender: p.tx.sender, nonce: p.tx.nonce });
+                    IndexChange::Add(hash, place) => {
+                        index.insert(hash, place);
                     }
                     IndexChange::Remove(hash) => left.push(hash),
                 }

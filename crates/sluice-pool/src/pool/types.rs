@@ -73,8 +73,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// How many transactions the pool's maps are sized for when it is made: its limits, up to
-    /// 65,536.
+    /// How many transactions the pool's map by hash (and the snapshots' hash index) are sized
+    /// for when they are made: the pool's limits, up to 65,536.
     pub fn capacity(&self) -> usize {
         self.global_slots.saturating_add(self.global_queue).min(super::PRESIZED)
     }
