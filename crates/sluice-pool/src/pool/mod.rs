@@ -30,16 +30,10 @@ struct Sender<T> {
     pending: usize,
 }
 
-// By hand: derived, they would ask `T` itself for `Default` and `Clone`.
+// By hand: derived, it would ask `T` itself for `Default`.
 impl<T> Default for Sender<T> {
     fn default() -> Self {
         Self { txs: BTreeMap::new(), nonce: 0, balance: U256::ZERO, pending: 0 }
-    }
-}
-
-impl<T> Clone for Sender<T> {
-    fn clone(&self) -> Self {
-        Self { txs: self.txs.clone(), nonce: self.nonce, balance: self.balance, pending: self.pending }
     }
 }
 
@@ -64,9 +58,43 @@ pub struct Pool<T = PoolTx> {
     base_fee: u128,
     /// Sum of the senders' cached `pending`: keeps [`Pool::status`] O(1).
     pending_total: usize,
-    /// While a checkpoint is open: each changed sender as it was before its first change
-    /// (`None`: it had no transactions).
-    undo: Option<AddressMap<Option<Sender<T>>>>,
+    /// What [`Pool::rollback`] puts back, while a checkpoint is open. Kept between batches,
+    /// so that its lists are not grown again for every batch.
+    undo: Undo<T>,
+}
+
+/// What changed since a checkpoint, to undo. Each change is logged as what it overwrote, so that
+/// replaying the log backwards restores every slot: a batch costs its own changes, not a copy
+/// of every sender it touched.
+#[derive(Debug)]
+struct Undo<T> {
+    /// Whether a checkpoint is open (changes are logged).
+    open: bool,
+    /// Each changed sender's account nonce and balance before its first change (`None`: it was
+    /// not in the pool).
+    accounts: AddressMap<Option<(u64, U256)>>,
+    /// Every write to a sender's transactions, in order: the slot and what it held before.
+    slots: Vec<(Address, u64, Option<Arc<T>>)>,
+}
+
+impl<T> Undo<T> {
+    fn new() -> Self {
+        Self { open: false, accounts: AddressMap::default(), slots: Vec::new() }
+    }
+
+    /// Opens or closes the log, empty.
+    fn reset(&mut self, open: bool) {
+        self.open = open;
+        self.accounts.clear();
+        self.slots.clear();
+    }
+}
+
+/// Logs a write to `sender`'s slot `nonce` that replaced `before`, when a checkpoint is open.
+fn log_slot<T>(undo: &mut Undo<T>, sender: Address, nonce: u64, before: Option<Arc<T>>) {
+    if undo.open {
+        undo.slots.push((sender, nonce, before));
+    }
 }
 
 /// Transactions a pool's hash map is sized for up front, at most: a pool filling up under load
@@ -82,7 +110,7 @@ impl<T: AsPoolTx> Pool<T> {
             config,
             base_fee: 0,
             pending_total: 0,
-            undo: None,
+            undo: Undo::new(),
         }
     }
 
@@ -144,7 +172,7 @@ impl<T: AsPoolTx> Pool<T> {
     /// The next nonce for `sender` counting its pending transactions (`eth_getTransactionCount(pending)`).
     pub fn pending_nonce(&self, sender: &Address) -> Option<u64> {
         let s = self.senders.get(sender)?;
-        Some(s.nonce + s.pending_len(self.base_fee) as u64)
+        Some(s.nonce + s.pending as u64)
     }
 
     /// Pending and queued counts.
@@ -171,41 +199,51 @@ impl<T: AsPoolTx> Pool<T> {
     /// Starts recording changes, so that [`Pool::rollback`] can undo them (the writer
     /// inserts a batch, and undoes it when the journal cannot take it).
     pub fn checkpoint(&mut self) {
-        self.undo = Some(AddressMap::default());
+        self.undo.reset(true);
     }
 
     /// Keeps the changes since [`Pool::checkpoint`].
     pub fn commit(&mut self) {
-        self.undo = None;
+        self.undo.reset(false);
     }
 
     /// Puts every sender changed since [`Pool::checkpoint`] back as it was: transactions
     /// replaced or evicted by the undone inserts come back.
     pub fn rollback(&mut self) {
-        let Some(undo) = self.undo.take() else { return };
-        for (address, before) in undo {
-            if let Some(now) = self.senders.remove(&address) {
-                self.pending_total -= now.pending;
-                for tx in now.txs.values() {
-                    self.by_hash.remove(&tx.pool_tx().hash);
-                }
+        if !self.undo.open {
+            return;
+        }
+        let mut undo = std::mem::replace(&mut self.undo, Undo::new());
+        for (address, nonce, before) in undo.slots.drain(..).rev() {
+            let s = self.senders.entry(address).or_default();
+            let now = match &before {
+                Some(tx) => s.txs.insert(nonce, tx.clone()),
+                None => s.txs.remove(&nonce),
+            };
+            if let Some(now) = now {
+                self.by_hash.remove(&now.pool_tx().hash);
             }
             if let Some(before) = before {
-                self.pending_total += before.pending;
-                for tx in before.txs.values() {
-                    self.by_hash.insert(tx.pool_tx().hash, tx.clone());
-                }
-                self.senders.insert(address, before);
+                self.by_hash.insert(before.pool_tx().hash, before);
             }
         }
+        for (address, account) in undo.accounts.drain() {
+            let s = self.senders.entry(address).or_default();
+            if let Some((nonce, balance)) = account {
+                s.nonce = nonce;
+                s.balance = balance;
+            }
+            // Recounts its pending transactions, and drops it again when it has none.
+            self.touch(&address);
+        }
+        undo.reset(false);
+        self.undo = undo;
     }
 
-    /// Records a sender's state before its first change under a checkpoint.
+    /// Records a sender's account state before its first change under a checkpoint.
     fn save(&mut self, sender: &Address) {
-        if let Some(undo) = self.undo.as_mut() {
-            if !undo.contains_key(sender) {
-                undo.insert(*sender, self.senders.get(sender).cloned());
-            }
+        if self.undo.open && !self.undo.accounts.contains_key(sender) {
+            self.undo.accounts.insert(*sender, self.senders.get(sender).map(|s| (s.nonce, s.balance)));
         }
     }
 
@@ -261,25 +299,30 @@ impl<T: AsPoolTx> Pool<T> {
         if cost > balance {
             return Err(InsertError::InsufficientFunds { balance, cost });
         }
-        let queued_before = sender.txs.len() - sender.pending_len(base_fee);
+        // `pending` is current: `advance` above counted it (or the sender is new and empty).
+        let queued_before = sender.txs.len() - sender.pending;
         let previous = sender.txs.insert(tx.nonce, entry.clone());
+        log_slot(&mut self.undo, tx.sender, tx.nonce, previous.clone());
         let pending_now = sender.pending_len(base_fee);
         let is_pending = tx.nonce < sender.nonce + pending_now as u64;
         let queued_now = sender.txs.len() - pending_now;
         if !is_pending && queued_now > self.config.account_queue && queued_now > queued_before {
             // Undo: this sender has too many gapped transactions.
-            match previous {
+            let now = match previous {
                 Some(prev) => sender.txs.insert(tx.nonce, prev),
                 None => sender.txs.remove(&tx.nonce),
             };
+            log_slot(&mut self.undo, tx.sender, tx.nonce, now);
             self.touch(&tx.sender);
             return Err(InsertError::AccountQueueFull(queued_before));
         }
+        // What `touch` does, with the count just made.
+        self.pending_total = self.pending_total - sender.pending + pending_now;
+        sender.pending = pending_now;
         if let Some(old) = replaced {
             self.by_hash.remove(&old);
         }
         self.by_hash.insert(tx.hash, entry.clone());
-        self.touch(&tx.sender);
         let evicted = match self.make_room(Some(&tx.hash)) {
             Ok(evicted) => evicted,
             Err(e) => {
@@ -290,7 +333,8 @@ impl<T: AsPoolTx> Pool<T> {
                     let s = self.senders.entry(sender).or_default();
                     s.nonce = s.nonce.max(nonce);
                     s.balance = balance;
-                    s.txs.insert(prev_nonce, prev);
+                    let now = s.txs.insert(prev_nonce, prev);
+                    log_slot(&mut self.undo, sender, prev_nonce, now);
                     self.touch(&sender);
                 }
                 return Err(e);
@@ -362,7 +406,8 @@ impl<T: AsPoolTx> Pool<T> {
         let tx = entry.pool_tx();
         if let Some(s) = self.senders.get_mut(&tx.sender) {
             if s.txs.get(&tx.nonce).is_some_and(|t| t.pool_tx().hash == *hash) {
-                s.txs.remove(&tx.nonce);
+                let before = s.txs.remove(&tx.nonce);
+                log_slot(&mut self.undo, tx.sender, tx.nonce, before);
             }
         }
         self.touch(&tx.sender);
@@ -374,17 +419,23 @@ impl<T: AsPoolTx> Pool<T> {
     pub fn advance(&mut self, sender: &Address, nonce: u64) -> Vec<B256> {
         self.save(sender);
         let Some(s) = self.senders.get_mut(sender) else { return Vec::new() };
+        let moved = nonce > s.nonce;
         s.nonce = s.nonce.max(nonce);
         // Every insert comes here with its sender's nonce: most often nothing is below it, and
-        // splitting would still rebuild the sender's tree.
+        // splitting would still rebuild the sender's tree (and recounting, walk it).
         if s.txs.first_key_value().is_none_or(|(&first, _)| first >= nonce) {
-            self.touch(sender);
+            if moved {
+                self.touch(sender);
+            }
             return Vec::new();
         }
         let keep = s.txs.split_off(&nonce);
-        let gone: Vec<B256> = std::mem::replace(&mut s.txs, keep).into_values().map(|t| t.pool_tx().hash).collect();
-        for hash in &gone {
-            self.by_hash.remove(hash);
+        let mut gone = Vec::new();
+        for (below, tx) in std::mem::replace(&mut s.txs, keep) {
+            let hash = tx.pool_tx().hash;
+            self.by_hash.remove(&hash);
+            log_slot(&mut self.undo, *sender, below, Some(tx));
+            gone.push(hash);
         }
         self.touch(sender);
         gone
@@ -397,7 +448,10 @@ impl<T: AsPoolTx> Pool<T> {
         if let Some(s) = self.senders.get_mut(sender) {
             s.nonce = nonce;
         }
-        self.advance(sender, nonce)
+        let gone = self.advance(sender, nonce);
+        // `advance` recounts only when it moves the nonce up; this may have moved it down.
+        self.touch(sender);
+        gone
     }
 
     /// Drops queued transactions older than the lifetime. Returns their hashes.

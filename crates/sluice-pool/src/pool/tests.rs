@@ -39,7 +39,7 @@ fn pool() -> Pool {
 }
 
 /// Every sender's transactions, hashes in nonce order, for comparing pools.
-fn contents(p: &Pool) -> Vec<(Address, Vec<B256>, Vec<B256>)> {
+pub(super) fn contents(p: &Pool) -> Vec<(Address, Vec<B256>, Vec<B256>)> {
     let mut senders: Vec<Address> = p.senders().copied().collect();
     senders.sort();
     senders
