@@ -158,8 +158,7 @@ impl Core {
         origin: Origin,
         journal: bool,
     ) -> Vec<Result<B256, SubmitError>> {
-        let mut senders: Vec<Address> =
-            chunk.iter().filter_map(|(_, v)| v.as_ref().ok().map(|(tx, _)| tx.sender)).collect();
+        let mut senders: Vec<Address> = chunk.iter().filter_map(|(_, v)| v.as_ref().ok().map(|tx| tx.sender)).collect();
         senders.sort_unstable();
         senders.dedup();
         let states: std::collections::HashMap<Address, _> =
@@ -167,11 +166,11 @@ impl Core {
         let queued: Vec<_> = chunk
             .into_iter()
             .map(|(raw, verified)| {
-                let (tx, envelope) = verified.map_err(|e| self.refused(e))?;
+                let tx = verified.map_err(|e| self.refused(e))?;
                 let hash = tx.hash;
                 let state = states.get(&tx.sender).cloned().unwrap_or_else(|| Err("no state read".into()));
                 let (nonce, balance) = state.map_err(SubmitError::Unavailable)?;
-                Ok((hash, self.insert(Pooled { tx, raw, envelope }, nonce, balance, journal)?))
+                Ok((hash, self.insert(Pooled { tx, raw }, nonce, balance, journal)?))
             })
             .collect();
         let mut results = Vec::with_capacity(queued.len());

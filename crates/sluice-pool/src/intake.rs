@@ -69,7 +69,7 @@ impl Intake {
         // One lock for the turn's lookups; `get` (the reads of what is missing) waits for it.
         let mut states = self.state.cached_states();
         for (verified, ticket) in results {
-            let (tx, envelope) = match verified {
+            let tx = match verified {
                 Ok(verified) => verified,
                 Err(e) => {
                     metrics::counter!(
@@ -80,7 +80,7 @@ impl Intake {
                     continue;
                 }
             };
-            let pooled = Pooled { tx, raw: ticket.raw, envelope };
+            let pooled = Pooled { tx, raw: ticket.raw };
             match states.get(pooled.tx.sender) {
                 Some((nonce, balance)) => ready.push(submission(pooled, nonce, balance, ticket.journal, ticket.reply)),
                 None => unread.push((pooled, ticket.journal, ticket.reply)),

@@ -20,6 +20,7 @@ use std::sync::{Arc, Weak};
 
 use alloy_consensus::transaction::Recovered;
 use alloy_consensus::{Transaction, TxEnvelope};
+use alloy_eips::eip2718::Decodable2718;
 use alloy_primitives::{Address, Bytes, B256};
 use serde_json::{json, Map, Value};
 
@@ -30,10 +31,9 @@ use crate::{PoolTx, Status};
 pub struct Pooled {
     /// The pool's view of it (hash, sender, nonce, fees).
     pub tx: PoolTx,
-    /// The raw EIP-2718 bytes, as received (what is journaled and relayed).
+    /// The raw EIP-2718 bytes, as received (what is journaled and relayed, and what the RPC
+    /// renderings decode).
     pub raw: Bytes,
-    /// The decoded envelope (for the RPC renderings).
-    pub envelope: TxEnvelope,
 }
 
 impl crate::AsPoolTx for Pooled {
@@ -43,29 +43,36 @@ impl crate::AsPoolTx for Pooled {
 }
 
 impl Pooled {
+    /// The decoded envelope. Decoded again from the raw bytes, which decoded and checked once
+    /// already (the sender is not recovered again: it is known); `None` cannot happen for a
+    /// pooled transaction.
+    pub fn envelope(&self) -> Option<TxEnvelope> {
+        TxEnvelope::decode_2718(&mut self.raw.as_ref()).ok()
+    }
+
     /// The transaction as `eth_getTransactionByHash` shows a pending one: block fields null.
     pub fn to_rpc(&self) -> Value {
-        serde_json::to_value(self.rpc_form()).unwrap_or(Value::Null)
+        self.rpc_form().and_then(|form| serde_json::to_value(form).ok()).unwrap_or(Value::Null)
     }
 
     /// The same, serialized straight to JSON text (the `eth_getTransactionByHash` answer).
     pub fn to_rpc_raw(&self) -> Option<Box<serde_json::value::RawValue>> {
-        serde_json::value::to_raw_value(&self.rpc_form()).ok()
+        serde_json::value::to_raw_value(&self.rpc_form()?).ok()
     }
 
-    fn rpc_form(&self) -> alloy_rpc_types_eth::Transaction {
-        alloy_rpc_types_eth::Transaction {
-            inner: Recovered::new_unchecked(self.envelope.clone(), self.tx.sender),
+    fn rpc_form(&self) -> Option<alloy_rpc_types_eth::Transaction> {
+        Some(alloy_rpc_types_eth::Transaction {
+            inner: Recovered::new_unchecked(self.envelope()?, self.tx.sender),
             block_hash: None,
             block_number: None,
             transaction_index: None,
             effective_gas_price: None,
-        }
+        })
     }
 
     /// geth's `txpool_inspect` line: `to: value wei + gas gas × price wei`.
     pub fn summary(&self) -> String {
-        let to = match self.envelope.to() {
+        let to = match self.envelope().and_then(|e| e.to()) {
             Some(to) => format!("{to}"),
             None => "contract creation".to_owned(),
         };

@@ -29,9 +29,9 @@ fn writer(journal: Journal) -> Writer {
 fn submit(writer: &mut Writer, signed: &SignedTx) -> Result<B256, SubmitError> {
     let rules = Rules::default();
     let raw = alloy_primitives::Bytes::from(signed.raw.clone());
-    let (tx, envelope) = decode(&raw, &rules, Instant::now()).expect("a valid transaction");
+    let (tx, _) = decode(&raw, &rules, Instant::now()).expect("a valid transaction");
     let (reply, mut answer) = oneshot::channel();
-    let pooled = Arc::new(Pooled { tx, raw, envelope });
+    let pooled = Arc::new(Pooled { tx, raw });
     let submission = Submission { pooled, nonce: 0, balance: U256::MAX, journal: true, reply: Some(reply) };
     writer.apply(&mut vec![Command::Insert(submission)]);
     answer.try_recv().expect("answered within the batch")

@@ -60,7 +60,8 @@ async fn a_transaction_is_pooled_relayed_mined_and_leaves_and_the_gap_fill_promo
     assert_eq!(status, json!({"pending": "0x1", "queued": "0x1"}));
     let inspect = rpc_result(&client, &url, "txpool_inspect", json!([])).await;
     let line = inspect["pending"][&sender]["0"].as_str().unwrap();
-    assert!(line.ends_with(": 1 wei + 21000 gas × 20000000000 wei"), "{line}");
+    assert_eq!(line, format!("{}: 1 wei + 21000 gas × 20000000000 wei", to()));
+    // Rendered from the pooled bytes, as the node renders the same transaction.
     let by_hash = rpc_result(&client, &url, "eth_getTransactionByHash", json!([format!("{}", t0.hash)])).await;
     assert_eq!((by_hash["blockHash"].clone(), by_hash["from"].clone()), (Value::Null, json!(sender.to_lowercase())));
     let count = rpc_result(&client, &url, "eth_getTransactionCount", json!([sender, "pending"])).await;
@@ -72,6 +73,10 @@ async fn a_transaction_is_pooled_relayed_mined_and_leaves_and_the_gap_fill_promo
         anvil_pool["pending"] == "0x1"
     })
     .await;
+    let at_node = rpc_result(&client, &anvil_url, "eth_getTransactionByHash", json!([format!("{}", t0.hash)])).await;
+    for field in ["hash", "nonce", "to", "value", "gas", "input", "r", "s", "v", "type", "chainId", "maxFeePerGas"] {
+        assert_eq!(by_hash[field], at_node[field], "{field}: {by_hash} against the node's {at_node}");
+    }
     // Mined: it leaves the pool within a head.
     rpc_result(&client, &anvil_url, "evm_mine", json!([])).await;
     let h0 = format!("{}", t0.hash);
