@@ -7,7 +7,8 @@
 //!    publish, answer): one submitter at a time ("single": every batch holds one
 //!    transaction) vs 512 concurrent submitters ("batched"), and batched with fsync; the
 //!    ceiling (two-thread decoding) and the batched intake are measured in `MEMPOOL_ROUNDS`
-//!    rounds back to back (3 by default) and their ratio given per round and as the median;
+//!    rounds (3 by default), each intake between two ceiling runs, and their ratio given per
+//!    round and as the median;
 //! 3. reads (`get` by hash + pending nonce from the snapshot) with and without ingest.
 //!
 //! Transactions are real: EIP-1559 transfers signed with alloy's local signer.
@@ -209,6 +210,8 @@ fn rounds() -> usize {
 
 /// One round's figures: the two-thread ceiling, the batched intake, CPU per transaction.
 struct Round {
+    /// The mean of the ceilings measured just before and just after the intake: the machine's
+    /// speed drifts within seconds, and the intake ran between the two.
     ceiling: f64,
     intake: f64,
     cpu: Vec<(String, f64)>,
@@ -250,22 +253,34 @@ fn main() {
     runtime.block_on(async {
         let single_pool = mempool(Sync::Os, dir.path(), "single.journal", 10).await;
         let single = insert_single(&single_pool, &batch_a[..quarter]).await;
+        // Each pool is shut down once measured, so that, as in a server running for a while
+        // (whose new transactions take the memory that mined ones left), a round's pool takes
+        // memory the allocator has had before. Kept alive, every round took fresh memory, and
+        // the first rounds of a run were slower than the later ones by up to a tenth.
+        single_pool.shutdown().await;
+        drop(single_pool);
         let normal_pool = mempool(Sync::Os, dir.path(), "normal.journal", 0).await;
         let normal = insert_batched(&normal_pool, &batch_c, 512).await;
+        normal_pool.shutdown().await;
+        drop(normal_pool);
         // The ceiling and the intake side by side, several times: the machine's speed drifts
         // between runs by more than the gap measured. Each round inserts the same
         // transactions into a new pool.
         let mut rounds_done = Vec::new();
-        let mut batched_pool = None;
+        let mut batched_pool: Option<Arc<Mempool>> = None;
+        let mut ceiling_before = decode_rate(&batch_a, 2);
         for round in 0..rounds() {
-            let ceiling = decode_rate(&batch_a, 2);
+            if let Some(done) = batched_pool.take() {
+                done.shutdown().await;
+            }
             let pool = mempool(Sync::Os, dir.path(), &format!("batched-{round}.journal"), 10).await;
             let cpu_before = sluice_bench::stats::thread_cpu_times().unwrap_or_default();
             let intake = insert_batched(&pool, &batch_b, 512).await;
             let cpu = cpu_per_tx(&cpu_before, batch_b.len());
-            if let Some(done) = batched_pool.replace(pool) {
-                done.shutdown().await;
-            }
+            batched_pool = Some(pool);
+            let ceiling_after = decode_rate(&batch_a, 2);
+            let ceiling = (ceiling_before + ceiling_after) / 2.0;
+            ceiling_before = ceiling_after;
             let round = Round { ceiling, intake, cpu };
             let split: Vec<String> = round.cpu.iter().map(|(group, us)| format!("{group} {us:.1}")).collect();
             eprintln!(
@@ -302,7 +317,7 @@ fn main() {
         println!("| insert, single (1 submitter, 5,000 txs) | {single:.0} tx/s |");
         for (i, r) in rounds_done.iter().enumerate() {
             let n = i + 1;
-            println!("| round {n}: decode + recover, 2 threads (the ceiling) | {:.0} tx/s |", r.ceiling);
+            println!("| round {n}: decode + recover, 2 threads (the ceiling, before and after) | {:.0} tx/s |", r.ceiling);
             println!(
                 "| round {n}: insert, batched (512 submitters, 20,000 txs; verify_nice = 10, the default) | {:.0} tx/s |",
                 r.intake
