@@ -8,9 +8,12 @@
 #   RUNS=3 MEMPOOL_ROUNDS=5 bash bench/mempool-ab.sh BASE [NEW]
 # BASE and NEW are git revisions (from 7bf8e6e on: the bench in rounds); without NEW, the work
 # tree as it is (uncommitted changes included) is the new side.
+# With BENCH=REV, both versions run REV's bench (benches/mempool.rs), so that what changed in
+# the bench itself does not count as a change of the code it measures (NEW is then needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash bench/mempool-ab.sh BASE [NEW]" >&2; exit 2; }
+[ -z "${BENCH:-}" ] || [ $# -ge 2 ] || { echo "BENCH=REV needs NEW: the work tree is not changed" >&2; exit 2; }
 RUNS=${RUNS:-3}
 export MEMPOOL_ROUNDS=${MEMPOOL_ROUNDS:-5}
 top=$PWD
@@ -31,6 +34,9 @@ trap cleanup EXIT
 # were last changed before the first tree was built, got the first tree's crates.
 build() {
   local exe
+  if [ -n "${BENCH:-}" ]; then
+    git -C "$top" show "$BENCH:crates/sluice-pool/benches/mempool.rs" >"$1/crates/sluice-pool/benches/mempool.rs"
+  fi
   find "$1/crates" -name '*.rs' -exec touch {} +
   exe=$(cd "$1" && CARGO_TARGET_DIR="$top/target" cargo bench -q -p sluice-pool --bench mempool --no-run \
     --message-format=json | python3 -c '
@@ -48,7 +54,7 @@ checkout() {
   trees+=("$tree")
 }
 
-echo "building the bench at $1 and at ${2:-the work tree}…" >&2
+echo "building the bench at $1 and at ${2:-the work tree}${BENCH:+, both with the bench of $BENCH}…" >&2
 checkout "$1"
 build "$tree" "$work/base"
 if [ $# -ge 2 ]; then checkout "$2"; else tree=$top; fi
@@ -95,4 +101,4 @@ for side in ("base", "new"):
     if medians:
         print(f"{names[side]}: median of the runs' medians {statistics.median(medians):.2f}× ({', '.join(f'{v:.2f}' for v in medians)})")
 PY
-echo "machine: $(nproc) cores, $(uname -m); each run signs its transactions, then the rounds; versions alternate"
+echo "machine: $(nproc) cores, $(uname -m); each run signs its transactions, then the rounds; versions alternate${BENCH:+; both run the bench of $BENCH}"
