@@ -68,13 +68,16 @@ summary() {
   python3 - "$1" "$2" <<'PY'
 import re, sys
 out, err = open(sys.argv[1]).read(), open(sys.argv[2]).read()
-def median_row(label):
-    m = re.search(r"\| " + re.escape(label) + r", median of \d+ rounds \| ([0-9.]+)×", out)
-    return m.group(1) if m else "?"
+def median_row(*labels):
+    for label in labels:
+        m = re.search(r"\| " + re.escape(label) + r", median of \d+ rounds \| ([0-9.]+)×", out)
+        if m:
+            return m.group(1)
+    return "?"
 def cpu(group):
     values = [float(v) for v in re.findall(group + r" ([0-9.]+)", err)]
     return f"{min(values):.1f}–{max(values):.1f}" if values else "?"
-print(" | ".join([median_row("batched / the ceiling"), median_row("decode + recover alone / whole intake by CPU"),
+print(" | ".join([median_row("batched / the ceiling"), median_row("the ceiling / whole intake by CPU", "decode + recover alone / whole intake by CPU"),
                   cpu("mempool-writer"), cpu("tokio-rt-worker")]))
 PY
 }

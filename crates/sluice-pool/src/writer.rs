@@ -428,16 +428,25 @@ impl Writer {
                     if i < pending { &mut view.pending } else { &mut view.queued }.push(p.clone());
                 }
             }
-            // Both lists are in nonce order: a transaction was pending before when the old list
-            // has it at its nonce.
-            let was_pending = |p: &Arc<Pooled>| {
+            // A pending list runs without gaps from the account nonce (its pending nonce less its
+            // length), so a transaction pending before sits in the old list at a known place:
+            // compared there as the same allocation, neither transaction is read (reading the
+            // older ones, each a cache miss, was a fifth of this function's time).
+            let first = pending_nonce - view.pending.len() as u64;
+            let was_pending = |i: usize, p: &Arc<Pooled>| {
                 before.is_some_and(|v| {
-                    v.pending
-                        .binary_search_by_key(&p.tx.nonce, |q| q.tx.nonce)
-                        .is_ok_and(|i| v.pending[i].tx.hash == p.tx.hash)
+                    let old_first = v.pending_nonce - v.pending.len() as u64;
+                    (first + i as u64)
+                        .checked_sub(old_first)
+                        .and_then(|at| v.pending.get(usize::try_from(at).ok()?))
+                        .is_some_and(|q| Arc::ptr_eq(p, q))
                 })
             };
-            newly_pending.extend(view.pending.iter().filter(|p| !was_pending(p)).cloned());
+            for (i, p) in view.pending.iter().enumerate() {
+                if !was_pending(i, p) {
+                    newly_pending.push(p.clone());
+                }
+            }
             next.senders.insert(sender, Arc::new(view));
         }
         next.status = self.pool.status();

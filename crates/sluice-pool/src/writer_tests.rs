@@ -114,3 +114,30 @@ fn a_replacement_whose_journal_write_fails_keeps_the_transaction_it_replaced() {
     let (_, replayed) = Journal::open(&path, Sync::Os).unwrap();
     assert_eq!(replayed, [first.raw.clone(), replacement.raw.clone()]);
 }
+
+// Each transaction is announced (relayed, and sent to `newPendingTransactions`) once, when it
+// becomes pending: a queued one when its gap fills, a replacement as it replaces, and none of
+// a sender's earlier ones again when a later one joins.
+#[test]
+fn each_transaction_is_announced_once_when_it_becomes_pending() {
+    let (_dir, mut writer) = journaled_writer();
+    let mut events = writer.pending_events.subscribe();
+    let mut announced = || std::iter::from_fn(|| events.try_recv().ok()).map(|p| p.tx.hash).collect::<Vec<_>>();
+    let wallet = Wallet::numbered(3, 1);
+    let to = alloy_primitives::Address::repeat_byte(7);
+    let tx = |nonce, fees| wallet.transfer(nonce, to, 1, fees);
+    let (gapped, first, third) = (tx(1, Fees::default()), tx(0, Fees::default()), tx(2, Fees::default()));
+    assert_eq!(submit(&mut writer, &gapped), Ok(gapped.hash));
+    assert_eq!(announced(), Vec::<B256>::new(), "queued behind a gap: not yet");
+    assert_eq!(submit(&mut writer, &first), Ok(first.hash));
+    assert_eq!(announced(), [first.hash, gapped.hash], "the gap filled: both, in nonce order");
+    assert_eq!(submit(&mut writer, &third), Ok(third.hash));
+    assert_eq!(announced(), [third.hash], "only the newcomer");
+    let replacement = tx(1, Fees { max_fee: 40_000_000_000, tip: 2_000_000_000 });
+    assert_eq!(submit(&mut writer, &replacement), Ok(replacement.hash));
+    assert_eq!(announced(), [replacement.hash], "the replacement, not the ones around it");
+    // Another sender's batch announces nothing of this one's.
+    let other = transfer(4, 0);
+    assert_eq!(submit(&mut writer, &other), Ok(other.hash));
+    assert_eq!(announced(), [other.hash]);
+}

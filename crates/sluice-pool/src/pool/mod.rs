@@ -277,7 +277,7 @@ impl<T: AsPoolTx> Pool<T> {
             return Err(InsertError::NonceTooLow { next: nonce, got: tx.nonce });
         }
         // The head says these nonces are used: whatever the pool still holds below is mined.
-        let mined = self.advance(&tx.sender, nonce);
+        let mined = self.drop_below(&tx.sender, nonce);
         let base_fee = self.base_fee;
         let bump = self.config.price_bump_percent;
         let sender = self.senders.entry(tx.sender).or_default();
@@ -418,6 +418,12 @@ impl<T: AsPoolTx> Pool<T> {
     /// replaced on chain) and leave. Returns their hashes.
     pub fn advance(&mut self, sender: &Address, nonce: u64) -> Vec<B256> {
         self.save(sender);
+        self.drop_below(sender, nonce)
+    }
+
+    /// [`Pool::advance`] for a sender already saved under the checkpoint (every insert comes
+    /// here, and saving looks the sender up again).
+    fn drop_below(&mut self, sender: &Address, nonce: u64) -> Vec<B256> {
         let Some(s) = self.senders.get_mut(sender) else { return Vec::new() };
         let moved = nonce > s.nonce;
         s.nonce = s.nonce.max(nonce);
@@ -448,8 +454,8 @@ impl<T: AsPoolTx> Pool<T> {
         if let Some(s) = self.senders.get_mut(sender) {
             s.nonce = nonce;
         }
-        let gone = self.advance(sender, nonce);
-        // `advance` recounts only when it moves the nonce up; this may have moved it down.
+        let gone = self.drop_below(sender, nonce);
+        // `drop_below` recounts only when it moves the nonce up; this may have moved it down.
         self.touch(sender);
         gone
     }
