@@ -3,7 +3,8 @@
 //!
 //! The senders' map is persistent (`imbl`): publishing a batch copies only the paths it changed,
 //! so a snapshot costs O(changes), not O(pool), and a reader holding an old one never blocks the
-//! writer or sees a half-applied batch.
+//! writer or sees a half-applied batch. Its nodes branch 8 ways (imbl's `small-chunks`), not 32:
+//! under load each transaction of a batch touches another sender, and each touch copies a path.
 //!
 //! The hash index is not copied at all. It is one concurrent map (`papaya`, lock-free reads)
 //! shared by every snapshot, from a hash to where the transaction sits (its sender and nonce,
