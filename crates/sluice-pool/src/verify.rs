@@ -83,11 +83,10 @@ pub struct Verifier<T> {
 
 /// Jobs a verifier takes per turn at most (about 5 ms of recoveries). Each turn's results go
 /// on as one group: one writer batch, one snapshot published, one journal write, one round of
-/// wake-ups for the whole turn. Under a full queue, turns of 64 instead of 16 took about a
-/// third off the CPU spent per transaction beyond recovery, and 128 instead of 64 a further
-/// tenth to a fifth (side-by-side runs of the mempool bench's batched rounds, docs/mempool.md);
-/// 256 gained nothing more. A turn is never more than the thread's share of the queue, so the
-/// longer delay before a turn's first answer comes only with a long queue.
+/// wake-ups for the whole turn. Under a full queue, longer turns cost less per transaction
+/// beyond recovery (16 to 64 took about a third off: docs/mempool.md, "Turns of 64, then
+/// 128"; 256 gained nothing over 128). A turn is never more than the thread's share of the
+/// queue, so the longer delay before a turn's first answer comes only with a long queue.
 const TAKE: usize = 128;
 
 /// A verifier's share of the jobs in the queue and in verification: what one turn takes, so

@@ -299,7 +299,7 @@ impl<T: AsPoolTx> Pool<T> {
         if cost > balance {
             return Err(InsertError::InsufficientFunds { balance, cost });
         }
-        // `pending` is current: `advance` above counted it (or the sender is new and empty).
+        // `pending` is current: `drop_below` above counted it (or the sender is new and empty).
         let queued_before = sender.txs.len() - sender.pending;
         let previous = sender.txs.insert(tx.nonce, entry.clone());
         log_slot(&mut self.undo, tx.sender, tx.nonce, previous.clone());
