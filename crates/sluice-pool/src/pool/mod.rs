@@ -295,7 +295,8 @@ impl<T: AsPoolTx> Pool<T> {
             None => None,
         };
         // Cumulative balance: every pooled tx of this sender up to this nonce, plus this one.
-        let cost: U256 = sender.txs.range(..tx.nonce).map(|(_, t)| t.pool_tx().cost()).fold(tx.cost(), |a, b| a + b);
+        let cost: U256 =
+            sender.txs.range(..tx.nonce).map(|(_, t)| t.pool_tx().cost()).fold(tx.cost(), U256::saturating_add);
         if cost > balance {
             return Err(InsertError::InsufficientFunds { balance, cost });
         }

@@ -42,7 +42,14 @@ impl AsPoolTx for PoolTx {
 impl PoolTx {
     /// The most it can cost its sender: value + gas limit × fee cap.
     pub fn cost(&self) -> U256 {
-        self.value + U256::from(self.gas_limit) * U256::from(self.max_fee)
+        // A 64 × 128-bit product in two 64 × 64-bit halves: U256's general product multiplies
+        // every limb by every limb, and the pool computes this for each of a sender's lower
+        // nonces on every insert (the cumulative balance check).
+        let gas = u128::from(self.gas_limit);
+        let low = (self.max_fee & u128::from(u64::MAX)) * gas;
+        let high = (self.max_fee >> 64) * gas;
+        // Saturating: a value near 2^256 costs more than any balance, and must not wrap.
+        self.value.saturating_add(U256::from(low)).saturating_add(U256::from(high) << 64)
     }
 
     /// What a block producer earns per gas at `base_fee` (0 when it cannot be included).
@@ -170,4 +177,43 @@ pub struct Status {
     pub pending: usize,
     /// Gapped or held transactions.
     pub queued: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        // The product in halves is the product.
+        #[test]
+        fn cost_is_value_plus_gas_times_fee_cap(gas in any::<u64>(), fee in any::<u128>(), value in any::<u128>()) {
+            let tx = PoolTx {
+                hash: B256::ZERO,
+                sender: Address::ZERO,
+                nonce: 0,
+                max_fee: fee,
+                max_priority_fee: 0,
+                gas_limit: gas,
+                value: U256::from(value),
+                arrived: Instant::now(),
+            };
+            prop_assert_eq!(tx.cost(), U256::from(value) + U256::from(gas) * U256::from(fee));
+        }
+    }
+
+    #[test]
+    fn a_cost_past_2_256_saturates() {
+        let tx = PoolTx {
+            hash: B256::ZERO,
+            sender: Address::ZERO,
+            nonce: 0,
+            max_fee: u128::MAX,
+            max_priority_fee: 0,
+            gas_limit: u64::MAX,
+            value: U256::MAX,
+            arrived: Instant::now(),
+        };
+        assert_eq!(tx.cost(), U256::MAX);
+    }
 }
