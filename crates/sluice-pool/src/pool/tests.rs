@@ -235,3 +235,22 @@ fn queued_transactions_expire_after_their_lifetime() {
     assert_eq!(p.expire(Instant::now() + Duration::from_secs(61)), vec![tx(1, 5, 10).hash]);
     assert_eq!(p.status(), Status { pending: 1, queued: 0 }, "pending transactions do not expire");
 }
+
+// A value near 2^256 (any value RLP can carry) plus gas × fee cap used to wrap around to a
+// small cost, which a modest balance covered: the transaction was pooled and relayed.
+#[test]
+fn a_value_near_2_256_does_not_wrap_past_the_balance_check() {
+    let mut p = pool();
+    let mut huge = tx(1, 0, 10);
+    huge.value = U256::MAX - U256::from(1_000u64);
+    let result = p.insert(huge, 0, rich());
+    assert!(matches!(result, Err(InsertError::InsufficientFunds { .. })), "{result:?}");
+    // The same for a later nonce, whose check sums the cost of those below it.
+    let mut p = pool();
+    p.insert(tx(2, 0, 10), 0, rich()).unwrap();
+    let mut second = tx(2, 1, 10);
+    second.value = U256::MAX - U256::from(21_000u128 * 10 * GWEI);
+    let result = p.insert(second, 0, rich());
+    assert!(matches!(result, Err(InsertError::InsufficientFunds { .. })), "{result:?}");
+    assert_eq!(p.len(), 1);
+}
