@@ -51,15 +51,16 @@ impl Core {
     /// `journal`; false for records replayed from it) journaled before the answer. When the
     /// intake is full, refuses or waits as `origin`'s admission says.
     pub async fn submit_with(&self, raw: Bytes, origin: Origin, journal: bool) -> Result<B256, SubmitError> {
-        // A transaction already pooled (peers forward each transaction several times) is
-        // answered from the snapshot, before any decoding or sender recovery: its hash is the
-        // keccak of these very bytes, since decoding refuses any other encoding.
-        let hash = alloy_primitives::keccak256(&raw);
-        if self.snapshot.load().contains(&hash) {
-            return Ok(hash);
-        }
+        // A transaction already pooled (peers forward each transaction several times, clients
+        // retry) is answered by the verifier from the hash that decoding computes, before the
+        // checks and the sender recovery: hashing it here first too was a seventh of the async
+        // workers' CPU under load. An outside caller who finds the intake full looks it up here,
+        // so that a retry of a pooled transaction hears its hash, not busy.
         let _permit = match origin.admission() {
-            Admission::Refuse => self.inflight.try_acquire().map_err(|_| SubmitError::Busy)?,
+            Admission::Refuse => match self.inflight.try_acquire() {
+                Ok(permit) => permit,
+                Err(_) => return self.known_or(&raw, SubmitError::Busy),
+            },
             Admission::Wait => self.inflight.acquire().await.map_err(|_| stopping())?,
         };
         let rules = self.rules.load_full().ok_or_else(unknown_chain)?;
@@ -68,9 +69,24 @@ impl Core {
         // attaches the sender's state and hands it to the writer. One answer comes back.
         let (reply, answer) = oneshot::channel();
         let ticket = Ticket { raw: raw.clone(), journal, reply };
-        self.verifier.verify_then(raw, rules, origin.admission(), ticket).await.map_err(|e| self.refused(e))?;
+        match self.verifier.verify_then(raw.clone(), rules, origin.admission(), ticket).await {
+            Ok(()) => {}
+            Err(VerifyError::Busy) => return self.known_or(&raw, self.refused(VerifyError::Busy)),
+            Err(e) => return Err(self.refused(e)),
+        }
         let result = answer.await.map_err(|_| stopping())?;
-        self.settle(hash, origin, result)
+        self.settle(|| alloy_primitives::keccak256(&raw), origin, result)
+    }
+
+    /// `Ok` with its hash when the pool holds `raw` already, else `refusal`. The hash is keccak
+    /// of these very bytes, since decoding refuses any other encoding.
+    fn known_or(&self, raw: &[u8], refusal: SubmitError) -> Result<B256, SubmitError> {
+        let hash = alloy_primitives::keccak256(raw);
+        if self.snapshot.load().contains(&hash) {
+            Ok(hash)
+        } else {
+            Err(refusal)
+        }
     }
 
     /// Hands one verified transaction to the writer; its answer comes on the receiver.
@@ -102,16 +118,27 @@ impl Core {
         }
     }
 
-    /// The answer as the submitter sees it.
-    fn settle(&self, hash: B256, origin: Origin, result: Result<B256, SubmitError>) -> Result<B256, SubmitError> {
+    /// The answer as the submitter sees it; `hash` gives the transaction's hash where the
+    /// writer's answer does not carry it.
+    fn settle(
+        &self,
+        hash: impl FnOnce() -> B256,
+        origin: Origin,
+        result: Result<B256, SubmitError>,
+    ) -> Result<B256, SubmitError> {
         match result {
-            Ok(_) | Err(SubmitError::Refused(InsertError::AlreadyKnown)) => {
+            Ok(hash) => {
                 tracing::debug!(%hash, ?origin, "transaction pooled");
+                Ok(hash)
+            }
+            Err(SubmitError::Refused(InsertError::AlreadyKnown)) => {
+                let hash = hash();
+                tracing::debug!(%hash, ?origin, "transaction pooled already");
                 Ok(hash)
             }
             Err(e @ SubmitError::Refused(InsertError::NonceTooLow { .. })) if origin == Origin::Reorg => {
                 // Included again by the new chain.
-                self.statuses.record(hash, TxStatus::Mined { block: None });
+                self.statuses.record(hash(), TxStatus::Mined { block: None });
                 Err(e)
             }
             Err(e) => Err(e),
@@ -158,7 +185,13 @@ impl Core {
         origin: Origin,
         journal: bool,
     ) -> Vec<Result<B256, SubmitError>> {
-        let mut senders: Vec<Address> = chunk.iter().filter_map(|(_, v)| v.as_ref().ok().map(|tx| tx.sender)).collect();
+        let mut senders: Vec<Address> = chunk
+            .iter()
+            .filter_map(|(_, v)| match v {
+                Ok(Verified::New(tx)) => Some(tx.sender),
+                _ => None,
+            })
+            .collect();
         senders.sort_unstable();
         senders.dedup();
         let states: std::collections::HashMap<Address, _> =
@@ -166,7 +199,14 @@ impl Core {
         let queued: Vec<_> = chunk
             .into_iter()
             .map(|(raw, verified)| {
-                let tx = verified.map_err(|e| self.refused(e))?;
+                let tx = match verified.map_err(|e| self.refused(e))? {
+                    Verified::New(tx) => tx,
+                    Verified::Known(hash) => {
+                        let (reply, answer) = oneshot::channel();
+                        let _ = reply.send(Ok(hash));
+                        return Ok((hash, answer));
+                    }
+                };
                 let hash = tx.hash;
                 let state = states.get(&tx.sender).cloned().unwrap_or_else(|| Err("no state read".into()));
                 let (nonce, balance) = state.map_err(SubmitError::Unavailable)?;
@@ -177,7 +217,7 @@ impl Core {
         for item in queued {
             results.push(match item {
                 Ok((hash, answer)) => match answer.await {
-                    Ok(result) => self.settle(hash, origin, result),
+                    Ok(result) => self.settle(|| hash, origin, result),
                     Err(_) => Err(stopping()),
                 },
                 Err(e) => Err(e),

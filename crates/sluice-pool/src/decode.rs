@@ -9,7 +9,7 @@ use std::time::Instant;
 use alloy_consensus::transaction::SignerRecoverable;
 use alloy_consensus::{Transaction, TxEnvelope};
 use alloy_eips::eip2718::Decodable2718;
-use alloy_primitives::U256;
+use alloy_primitives::{B256, U256};
 
 use crate::PoolTx;
 
@@ -113,6 +113,40 @@ const HALF_N: U256 = U256::from_limbs([0xdfe92f46681b20a0, 0x5d576e7357a4501d, 0
 
 /// Decodes, checks and recovers one raw transaction.
 pub fn decode(raw: &[u8], rules: &Rules, arrived: Instant) -> Result<(PoolTx, TxEnvelope), DecodeError> {
+    check_and_recover(parse(raw, rules)?, rules, arrived)
+}
+
+/// What [`decode_new`] found.
+#[derive(Debug)]
+pub enum Decoded {
+    /// A transaction not known yet: checked, its sender recovered. (Its decoded envelope is
+    /// not kept: the pool keeps the raw bytes, which the renderings decode again.)
+    New(PoolTx),
+    /// A transaction `known` already has (by this hash): neither checked nor recovered.
+    Known(B256),
+}
+
+/// [`decode`], unless `known` already has the transaction: its hash (keccak of the bytes,
+/// which decoding computes anyway) is looked up before the checks and the sender recovery, so a
+/// transaction sent again (peers forward each one several times, clients retry) costs a decode
+/// and a lookup, not a recovery.
+pub fn decode_new(
+    raw: &[u8],
+    rules: &Rules,
+    arrived: Instant,
+    known: impl Fn(&B256) -> bool,
+) -> Result<Decoded, DecodeError> {
+    let envelope = parse(raw, rules)?;
+    let hash = *envelope.tx_hash();
+    if known(&hash) {
+        return Ok(Decoded::Known(hash));
+    }
+    let (tx, _) = check_and_recover(envelope, rules, arrived)?;
+    Ok(Decoded::New(tx))
+}
+
+/// The canonical EIP-2718 envelope of `raw`, within the size limit.
+fn parse(raw: &[u8], rules: &Rules) -> Result<TxEnvelope, DecodeError> {
     if raw.len() > rules.max_size {
         return Err(DecodeError::Oversized);
     }
@@ -131,6 +165,15 @@ pub fn decode(raw: &[u8], rules: &Rules, arrived: Instant) -> Result<(PoolTx, Tx
     if alloy_eips::eip2718::Encodable2718::encode_2718_len(&envelope) != raw.len() {
         return Err(DecodeError::Malformed("not canonical EIP-2718".into()));
     }
+    Ok(envelope)
+}
+
+/// The stateless checks and the sender recovery of a parsed envelope.
+fn check_and_recover(
+    envelope: TxEnvelope,
+    rules: &Rules,
+    arrived: Instant,
+) -> Result<(PoolTx, TxEnvelope), DecodeError> {
     if envelope.is_eip4844() {
         return Err(DecodeError::BlobsNotSupported);
     }

@@ -70,7 +70,16 @@ impl Intake {
         let mut states = self.state.cached_states();
         for (verified, ticket) in results {
             let tx = match verified {
-                Ok(verified) => verified,
+                Ok(Verified::New(tx)) => tx,
+                Ok(Verified::Known(hash)) => {
+                    // Pooled already (found by the verifier): the submitter hears it is pooled.
+                    metrics::counter!(
+                        "sluice_mempool_refused_total", "network" => self.network.clone(), "reason" => "already_known"
+                    )
+                    .increment(1);
+                    let _ = ticket.reply.send(Ok(hash));
+                    continue;
+                }
                 Err(e) => {
                     metrics::counter!(
                         "sluice_mempool_refused_total", "network" => self.network.clone(), "reason" => e.label()

@@ -97,7 +97,11 @@ impl Mempool {
             .spawn(move || writer.run(rx))
             .map_err(|e| format!("cannot start the mempool writer: {e}"))?;
         let (groups, verified) = tokio::sync::mpsc::unbounded_channel();
-        let verifier = Verifier::start(config.verify_threads, config.verify_queue, config.verify_nice, groups)
+        let known: crate::verify::Known = {
+            let snapshot = snapshot.clone();
+            Arc::new(move |hash| snapshot.load().contains(hash))
+        };
+        let verifier = Verifier::start(config.verify_threads, config.verify_queue, config.verify_nice, groups, known)
             .map_err(|e| format!("cannot start the mempool verifiers: {e}"))?;
         let state = StateReader::spawn(upstream.clone(), feed.view.clone(), config.state_timeout);
         let intake = Intake { state: state.clone(), commands: commands.clone(), network: config.network.clone() };

@@ -73,3 +73,39 @@ async fn reads_answer_while_the_writer_is_held_inside_a_batch() {
     release.send(()).unwrap();
     assert!(waiting.await.unwrap().is_ok(), "the held submission goes through once the writer is released");
 }
+
+// A transaction sent again (peers forward each one several times, clients retry) hears its
+// hash: found by the verifier from the hash decoding computes, before any recovery; and when the
+// intake is full, looked up before the caller would hear busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_transaction_sent_again_hears_its_hash_also_when_the_intake_is_full() {
+    let (feed, _keep) = HeadFeed::fixed(Default::default());
+    let config = MempoolConfig { relay: false, max_inflight: 1, ..MempoolConfig::default() };
+    let mempool = Mempool::start(config, Arc::new(FixedChain::default()), &feed).await.unwrap();
+    let wallet = Wallet::numbered(900, 31337);
+    let tx = wallet.transfer(0, Address::ZERO, 1, Fees::default());
+    let raw = Bytes::from(tx.raw.clone());
+    assert_eq!(mempool.submit(raw.clone(), Origin::Rpc).await, Ok(tx.hash));
+    assert_eq!(mempool.submit(raw.clone(), Origin::Peer).await, Ok(tx.hash), "again, from a peer");
+    assert_eq!(mempool.snapshot().len(), 1);
+    // The intake full: its one place held by a submission waiting behind the held writer.
+    let (release, held) = std::sync::mpsc::channel();
+    let (entered, inside) = oneshot::channel();
+    mempool.core.commands.send(Command::Hold { entered, release: held }).unwrap();
+    inside.await.unwrap();
+    let next = wallet.transfer(1, Address::ZERO, 1, Fees::default());
+    let waiting = {
+        let mempool = mempool.clone();
+        tokio::spawn(async move { mempool.submit(Bytes::from(next.raw.clone()), Origin::Rpc).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while mempool.core.inflight.available_permits() > 0 {
+        assert!(Instant::now() < deadline, "the waiting submission takes the intake's one place");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let other = wallet.transfer(2, Address::ZERO, 1, Fees::default());
+    assert_eq!(mempool.submit(Bytes::from(other.raw.clone()), Origin::Rpc).await, Err(SubmitError::Busy));
+    assert_eq!(mempool.submit(raw, Origin::Rpc).await, Ok(tx.hash), "the pooled one: its hash, not busy");
+    release.send(()).unwrap();
+    assert!(waiting.await.unwrap().is_ok());
+}

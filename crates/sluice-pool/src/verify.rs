@@ -17,15 +17,20 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use alloy_primitives::Bytes;
+use alloy_primitives::{Bytes, B256};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::{decode, DecodeError, PoolTx, Rules};
+use crate::decode::{decode_new, Decoded};
+use crate::{DecodeError, Rules};
 
-/// A verified transaction: the pool's view of it. The decoded envelope is dropped here: kept,
-/// it was 400 of a pooled transaction's 592 bytes, moved through every stage and held for its
-/// whole life, while only the RPC renderings read it (they decode the raw bytes again).
-pub type Verified = PoolTx;
+/// What a verifier found: a new transaction (the pool's view of it, without its decoded
+/// envelope, which was 400 of a pooled transaction's 592 bytes, moved through every stage and
+/// held for its whole life while only the RPC renderings read it), or the hash of one the pool
+/// already holds.
+pub type Verified = Decoded;
+
+/// Whether the pool already holds a transaction, by hash (read from its published snapshot).
+pub type Known = Arc<dyn Fn(&B256) -> bool + Send + Sync>;
 
 /// Where a job's result goes.
 enum Deliver<T> {
@@ -99,12 +104,14 @@ impl<T: Send + 'static> Verifier<T> {
     /// Starts `threads` verifiers with a queue of `capacity` transactions, at niceness `nice`
     /// (0 is normal; higher yields the CPU to the readers' threads first); grouped results go
     /// to `groups`. Unbounded, it holds no more than the jobs admitted to the queue, each of
-    /// which its submitter waits for.
+    /// which its submitter waits for. A transaction `known` already holds is answered as
+    /// [`Verified::Known`] before its checks and recovery.
     pub fn start(
         threads: usize,
         capacity: usize,
         nice: i32,
         groups: mpsc::UnboundedSender<Group<T>>,
+        known: Known,
     ) -> std::io::Result<Self> {
         let capacity = capacity.max(1);
         let threads = threads.max(1);
@@ -113,7 +120,7 @@ impl<T: Send + 'static> Verifier<T> {
         let room = Arc::new(Semaphore::new(capacity));
         let mut handles = Vec::new();
         for i in 0..threads {
-            let (rx, groups, room) = (rx.clone(), groups.clone(), room.clone());
+            let (rx, groups, room, known) = (rx.clone(), groups.clone(), room.clone(), known.clone());
             handles.push(std::thread::Builder::new().name(format!("mempool-verify-{i}")).spawn(move || {
                 lower_priority(nice);
                 let mut jobs = Vec::with_capacity(TAKE);
@@ -148,7 +155,7 @@ impl<T: Send + 'static> Verifier<T> {
                     // semaphore's lock, which the submitters' tasks take places from.
                     let mut places: Option<OwnedSemaphorePermit> = None;
                     for Verify { raw, rules, deliver, _place: place } in jobs.drain(..) {
-                        let verified = decode(&raw, &rules, Instant::now()).map(|(tx, _)| tx);
+                        let verified = decode_new(&raw, &rules, Instant::now(), &*known);
                         match &mut places {
                             Some(places) => places.merge(place),
                             None => places = Some(place),
@@ -270,7 +277,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn grouped_results_carry_their_tickets() {
         let (groups, mut rx) = mpsc::unbounded_channel();
-        let verifier = Verifier::<usize>::start(1, 256, 0, groups).expect("verifier threads");
+        let verifier = Verifier::<usize>::start(1, 256, 0, groups, Arc::new(|_| false)).expect("verifier threads");
         let rules = Arc::new(Rules { chain_id: 1, ..Rules::default() });
         let wallet = Wallet::numbered(3, 1);
         let mut expected = Vec::new();
@@ -285,8 +292,8 @@ mod tests {
             verifier.verify_then(raw, rules.clone(), Admission::Wait, i).await.expect("queued");
         }
         let alone = Bytes::from(wallet.transfer(500, alloy_primitives::Address::ZERO, 1, Fees::default()).raw);
-        let tx = verifier.verify(alone, rules, Admission::Wait).await.expect("valid");
-        assert_eq!(tx.nonce, 500);
+        let verified = verifier.verify(alone, rules, Admission::Wait).await.expect("valid");
+        assert!(matches!(verified, Verified::New(tx) if tx.nonce == 500));
         let mut seen = vec![0; 100];
         let mut largest = 0;
         while seen.contains(&0) {
@@ -298,7 +305,7 @@ mod tests {
             for (result, ticket) in group {
                 seen[ticket] += 1;
                 assert_eq!(result.is_ok(), expected[ticket], "ticket {ticket}");
-                if let Ok(tx) = result {
+                if let Ok(Verified::New(tx)) = result {
                     assert_eq!(tx.nonce, ticket as u64, "ticket {ticket} carries its own transaction");
                 }
             }
