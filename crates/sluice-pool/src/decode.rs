@@ -330,6 +330,22 @@ mod tests {
         assert_eq!(floor_data_gas(&[1, 0]), 21_050);
     }
 
+    // A transaction the pool holds is answered by its hash (keccak of its bytes) before the
+    // checks and the recovery; any other decodes as `decode` does.
+    #[test]
+    fn decode_new_answers_a_known_transaction_by_its_hash() {
+        let raw = bytes(EIP1559);
+        let hash = alloy_primitives::keccak256(&raw);
+        assert!(
+            matches!(decode_new(&raw, &rules(), Instant::now(), |h| *h == hash), Ok(Decoded::Known(h)) if h == hash)
+        );
+        let (tx, _) = decode(&raw, &rules(), Instant::now()).unwrap();
+        let Ok(Decoded::New(new)) = decode_new(&raw, &rules(), tx.arrived, |_| false) else { panic!("decoded") };
+        assert_eq!(new, tx);
+        // Refusals come before the lookup only for what cannot be a pooled transaction.
+        assert_eq!(decode_new(&[0xff; 3], &rules(), Instant::now(), |_| true).unwrap_err().label(), "malformed");
+    }
+
     #[test]
     fn intrinsic_gas_counts_data_and_access_lists() {
         let (_, envelope) = decode(&bytes(EIP2930), &rules(), Instant::now()).unwrap();
