@@ -92,23 +92,17 @@ fn decode_rate(txs: &[SignedTx], threads: usize) -> (f64, f64) {
             .map(|chunk| {
                 let rules = &rules;
                 s.spawn(move || {
-                    let before = own_cpu();
+                    let before = sluice_bench::stats::current_thread_cpu_time().unwrap_or_default();
                     for t in chunk {
                         sluice_pool::decode(&t.raw, rules, Instant::now()).expect("valid");
                     }
-                    own_cpu().saturating_sub(before)
+                    sluice_bench::stats::current_thread_cpu_time().unwrap_or_default().saturating_sub(before)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("decoder")).sum()
     });
     (txs.len() as f64 / started.elapsed().as_secs_f64(), cpu.as_secs_f64() * 1e6 / txs.len() as f64)
-}
-
-/// The calling thread's CPU time so far (the kernel's count in nanoseconds).
-fn own_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
-    Duration::from_nanos(stat.split_whitespace().next().and_then(|ns| ns.parse().ok()).unwrap_or(0))
 }
 
 async fn mempool(sync: Sync, dir: &std::path::Path, name: &str, verify_nice: i32) -> Arc<Mempool> {

@@ -59,7 +59,7 @@ impl Core {
         let _permit = match origin.admission() {
             Admission::Refuse => match self.inflight.try_acquire() {
                 Ok(permit) => permit,
-                Err(_) => return self.known_or(&raw, SubmitError::Busy),
+                Err(_) => return self.pooled(&raw).ok_or(SubmitError::Busy),
             },
             Admission::Wait => self.inflight.acquire().await.map_err(|_| stopping())?,
         };
@@ -71,22 +71,19 @@ impl Core {
         let ticket = Ticket { raw: raw.clone(), journal, reply };
         match self.verifier.verify_then(raw.clone(), rules, origin.admission(), ticket).await {
             Ok(()) => {}
-            Err(VerifyError::Busy) => return self.known_or(&raw, self.refused(VerifyError::Busy)),
+            // Counted as refused only when it is not pooled already.
+            Err(VerifyError::Busy) => return self.pooled(&raw).ok_or_else(|| self.refused(VerifyError::Busy)),
             Err(e) => return Err(self.refused(e)),
         }
         let result = answer.await.map_err(|_| stopping())?;
         self.settle(|| alloy_primitives::keccak256(&raw), origin, result)
     }
 
-    /// `Ok` with its hash when the pool holds `raw` already, else `refusal`. The hash is keccak
-    /// of these very bytes, since decoding refuses any other encoding.
-    fn known_or(&self, raw: &[u8], refusal: SubmitError) -> Result<B256, SubmitError> {
+    /// The hash of `raw` when the pool holds it already. The hash is keccak of these very
+    /// bytes, since decoding refuses any other encoding.
+    fn pooled(&self, raw: &[u8]) -> Option<B256> {
         let hash = alloy_primitives::keccak256(raw);
-        if self.snapshot.load().contains(&hash) {
-            Ok(hash)
-        } else {
-            Err(refusal)
-        }
+        self.snapshot.load().contains(&hash).then_some(hash)
     }
 
     /// Hands one verified transaction to the writer; its answer comes on the receiver.

@@ -2,10 +2,10 @@
 //!
 //! A submitter hands its transaction to the verifiers with a [`Ticket`] and waits for one
 //! answer. The verifiers send their results a turn at a time; this stage answers what needs no
-//! writer (undecodable), attaches each sender's account state, and hands the rest to the writer
-//! as one command. A transaction pooled while it was verified (a peer sent it too) is found by
-//! the pool itself, which the submitter hears as pooled: looking for it in the snapshot here
-//! too cost a lookup per transaction for what is rare. Under load, a turn holds many
+//! writer (undecodable, or pooled already: the verifier looks each transaction up by the hash
+//! decoding computes, before recovering its sender), attaches each sender's account state, and
+//! hands the rest to the writer as one command. A transaction pooled while it was verified (a
+//! peer sent it too) is found by the pool itself, which the submitter hears as pooled. Under load, a turn holds many
 //! transactions: one wake-up of this task and one writer batch per turn, not two task wake-ups
 //! and a writer wake-up per transaction, which cost about as much as the sender recovery they
 //! surround.

@@ -87,7 +87,7 @@ pub(crate) struct Writer {
     pub network: String,
     /// `sluice_mempool_accepted_total` for this network, registered once (one per insert).
     pub accepted: metrics::Counter,
-    /// The pool, of the transactions with their bytes and envelopes.
+    /// The pool, of the transactions with their raw bytes.
     pub pool: Pool<Pooled>,
     pub journal: Option<Journal>,
     pub snapshot: Arc<ArcSwap<Snapshot>>,
@@ -242,10 +242,10 @@ impl Writer {
         changes: &mut Changes,
     ) -> Vec<Arc<Pooled>> {
         let mut mined = Vec::new();
+        // Published before this batch, as everything pooled is when a block comes.
+        let published = self.snapshot.load_full();
         for (sender, nonce) in advanced {
             let gone = self.pool.advance(sender, *nonce);
-            // Published before this batch, as everything pooled is when a block comes.
-            let published = self.snapshot.load();
             mined.extend(gone.iter().filter_map(|h| published.get(h).cloned()));
             self.forget(&gone, TxStatus::Mined { block: Some(number) });
             changes.touched.insert(*sender);
