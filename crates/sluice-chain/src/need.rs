@@ -231,6 +231,30 @@ mod tests {
     }
 
     #[test]
+    fn only_the_block_parameter_is_read_from_the_params() {
+        // The call object around it (escapes, nesting, long calldata) is skipped, not read.
+        let call = format!(
+            r#"{{"to":"0x01","data":"0x{}","note":"a \"quoted\" \u00e9","nested":[{{"a":[1,2]}}]}}"#,
+            "ab".repeat(2048)
+        );
+        assert_eq!(BlockNeed::of("eth_call", &format!("[{call},\"0x2a\"]")), BlockNeed::Number(42));
+        assert_eq!(
+            BlockNeed::of("eth_call", &format!("[{call}, {{ \"blockNumber\" : \"0x7\" }} ]")),
+            BlockNeed::Number(7)
+        );
+        assert_eq!(BlockNeed::of("eth_call", &format!("[{call}]")), BlockNeed::Head, "omitted means latest");
+        assert_eq!(
+            BlockNeed::of("eth_call", &format!("[{call},\"0x2a\",{{}}]")),
+            BlockNeed::Number(42),
+            "state overrides after it"
+        );
+        // Params that are not one well-formed array need nothing in particular: the node refuses them.
+        assert_eq!(BlockNeed::of("eth_call", &format!("[{call},\"0x2a\"")), BlockNeed::Any);
+        assert_eq!(BlockNeed::of("eth_call", &format!("{{\"0\":{call}}}")), BlockNeed::Any);
+        assert_eq!(BlockNeed::of("eth_getBlockByHash", "[\"0xzz\",false"), BlockNeed::Any);
+    }
+
+    #[test]
     fn by_hash_methods_and_others() {
         assert_eq!(
             BlockNeed::of("eth_getBlockByHash", &format!("[\"{}\",false]", hash().to_uppercase().replace("0X", "0x"))),
