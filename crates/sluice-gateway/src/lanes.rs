@@ -57,8 +57,9 @@ impl Lanes {
             // Before the lane sleeps in the driver, it yields its core once. Where it shares cores
             // with other busy threads (the other lane, the node, a load generator), whatever runs
             // in that moment usually sends this lane's next requests, and the lane then finds
-            // them ready instead of sleeping and being woken: on two cores, a fifth less CPU per
-            // cached call and a fifth more calls answered (docs/benchmarks-wrk.md, "Lanes").
+            // them ready instead of sleeping and being woken: on two cores, about a tenth less CPU
+            // per cached call and a seventh more calls answered (docs/benchmarks-wrk.md, "A lane
+            // yields before it sleeps").
             // With nothing else runnable the yield returns at once and the lane sleeps as before:
             // one system call per sleep, no spinning (`an_idle_lane_sleeps` below).
             let runtime = Builder::new_current_thread().enable_all().on_thread_park(std::thread::yield_now).build()?;
