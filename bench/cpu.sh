@@ -11,15 +11,17 @@
 # A second table does the same for pass-through calls (eth_chainId, cache and coalescing off)
 # beside the bare forwarder to the same anvil (and the same forwarder through hyper-util's
 # general client), with anvil's own CPU per request beside them.
+# With SLEEPS=1 (needs `perf`), each cached-path server's recvfrom, writev, epoll_wait and
+# sched_yield calls and context switches per request are counted during one more run.
 # With ALLOCS=1 (needs `perf`; a uprobe on mimalloc's allocation entry, or the C library's
 # malloc in a binary without it), each server's allocation calls per request are counted during
 # one more run of each kind.
-#   DURATION=4s ROUNDS=3 [PERF=1] [ALLOCS=1] [BLOCK=1] [BEFORE_BIN=…] bash bench/cpu.sh
+#   DURATION=4s ROUNDS=3 [PERF=1] [SLEEPS=1] [ALLOCS=1] [BLOCK=1] [BEFORE_BIN=…] bash bench/cpu.sh
 source "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-3}
 C=${C:-64}
 cargo build --release -q -p sluice-bench --bin sluice-baseline
-[ -z "${PERF:-}${ALLOCS:-}" ] || need_perf
+[ -z "${PERF:-}${ALLOCS:-}${SLEEPS:-}" ] || need_perf
 
 start_anvil
 anvil_pid=${pids[-1]}
@@ -130,6 +132,31 @@ if [ -n "${ALLOCS:-}" ]; then
     python3 -c "print(f'| $name ($script) | $allocator | {$calls / $n:.1f} |')"
   done
   perf probe -q -d 'allocs:*' >/dev/null 2>&1 || true
+  echo
+fi
+
+if [ -n "${SLEEPS:-}" ]; then
+  # How often each cached-path server sleeps and is woken: its epoll_wait and sched_yield calls
+  # and context switches per request, beside the one read and one write every request costs.
+  events=(syscalls:sys_enter_recvfrom syscalls:sys_enter_writev syscalls:sys_enter_epoll_wait
+    syscalls:sys_enter_sched_yield context-switches)
+  echo "| per request (perf stat, one ${DURATION} run each) | recvfrom | writev | epoll_wait | sched_yield | context switches |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  for t in "${targets[@]}"; do
+    name=${t%%:http*}; url=${t#*:}; pid=${pid_of[$name]}
+    args=(); for e in "${events[@]}"; do args+=(-e "$e"); done
+    perf stat -x, "${args[@]}" -p "$pid" -o "$work/sleeps" -- sleep "${DURATION%s}" &
+    counting=$!
+    out=$(wrk -t1 -c"$C" -d"$DURATION" -s "$work/number.lua" "$url/")
+    wait "$counting"
+    n=$(echo "$out" | awk '/requests in/ {print $1}')
+    row="| $name"
+    for e in "${events[@]}"; do
+      count=$(awk -F, -v e="$e" '$3 == e {print $1}' "$work/sleeps")
+      row+=" | $(python3 -c "print(f'{${count:-0} / $n:.3f}')")"
+    done
+    echo "$row |"
+  done
   echo
 fi
 
