@@ -31,7 +31,12 @@ use sluice_upstream::HeadFeed;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const NONCES: u64 = 10;
+/// Transactions per sender (`MEMPOOL_NONCES`, 10 by default): the 20,000 of a batch come from
+/// 20,000 / nonces senders. 1 is the shape of a busy public mempool, where most senders have
+/// one transaction pending; every transaction of a batch then touches another sender.
+fn nonces() -> u64 {
+    std::env::var("MEMPOOL_NONCES").ok().and_then(|n| n.parse().ok()).filter(|n| (1..=1000).contains(n)).unwrap_or(10)
+}
 
 /// `cargo bench` passes `--bench`; under `cargo test` the same code runs as a quick smoke test.
 fn full_run() -> bool {
@@ -39,11 +44,8 @@ fn full_run() -> bool {
 }
 
 fn senders() -> u64 {
-    if full_run() {
-        2_000
-    } else {
-        50
-    }
+    let total = if full_run() { 20_000 } else { 500 };
+    (total / nonces()).max(1)
 }
 
 fn sign_all(first_sender: u64) -> Vec<SignedTx> {
@@ -54,7 +56,7 @@ fn sign_all(first_sender: u64) -> Vec<SignedTx> {
             .map(|chunk| {
                 s.spawn(move || {
                     let mut out = Vec::new();
-                    for nonce in 0..NONCES {
+                    for nonce in 0..nonces() {
                         for &n in chunk {
                             out.push(Wallet::numbered(n, 31337).transfer(nonce, Address::ZERO, 1, Fees::default()));
                         }
@@ -249,7 +251,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let dir = tempfile::tempdir().expect("temp dir");
-    println!("signing {} transactions ({} senders × {NONCES} nonces)…", senders() * NONCES, senders());
+    println!("signing {} transactions ({} senders × {} nonces)…", senders() * nonces(), senders(), nonces());
     let batch_a = sign_all(0);
     let batch_b = sign_all(1);
     let batch_c = sign_all(2);

@@ -103,7 +103,7 @@ impl Mempool {
         };
         let verifier = Verifier::start(config.verify_threads, config.verify_queue, config.verify_nice, groups, known)
             .map_err(|e| format!("cannot start the mempool verifiers: {e}"))?;
-        let state = StateReader::spawn(upstream.clone(), feed.view.clone(), config.state_timeout);
+        let state = StateReader::new(upstream.clone(), feed.view.clone(), config.state_timeout);
         let intake = Intake { state: state.clone(), commands: commands.clone(), network: config.network.clone() };
         let core = Arc::new(Core {
             rules: ArcSwapOption::empty(),

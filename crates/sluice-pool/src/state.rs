@@ -1,10 +1,11 @@
-//! Account state (nonce and balance) at the head, fetched from the upstreams in batches and
+//! Account state (nonce and balance) at the head, read from the upstreams in batches and
 //! cached per head.
 //!
-//! Submitters ask for their sender's state; concurrent misses are gathered by one task into a
-//! single JSON-RPC batch (`eth_getTransactionCount` + `eth_getBalance` per address), so a
-//! burst of new senders costs one round trip, not one per transaction. The cache holds the
-//! states read at one head: a new head (or a reorg) empties it at once.
+//! The intake asks for a whole verifier turn's senders at once ([`StateReader::get_many`]):
+//! those not read yet at this head go to the upstream as one JSON-RPC batch
+//! (`eth_getTransactionCount` + `eth_getBalance` per address), so a burst of new senders costs
+//! one round trip, not one per transaction. The cache holds the states read at one head: a new
+//! head (or a reorg) empties it at once.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -13,12 +14,10 @@ use alloy_primitives::map::AddressMap;
 use alloy_primitives::{Address, U256};
 use sluice_jsonrpc::Outcome;
 use sluice_upstream::{Answer, Call, Upstreams};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 
 /// An account's nonce and balance at the head.
 pub type AccountState = (u64, U256);
-
-type Waiter = oneshot::Sender<Result<AccountState, String>>;
 
 /// Most addresses per upstream batch.
 const MAX_ADDRESSES: usize = 256;
@@ -50,25 +49,24 @@ impl HeadStates {
     }
 }
 
-/// The fetcher's handle.
+/// Reads account state through the upstreams, cached for the current head.
 #[derive(Clone)]
 pub struct StateReader {
-    requests: mpsc::Sender<(Address, Waiter)>,
+    upstream: Arc<dyn Upstreams>,
     cache: Arc<Mutex<HeadStates>>,
     head: watch::Receiver<Arc<sluice_chain::ChainView>>,
+    timeout: Duration,
 }
 
 impl StateReader {
-    /// Starts the fetching task on `upstream`; `head` tells which head the cache is for.
-    pub fn spawn(
+    /// A reader through `upstream`; `head` tells which head the cache is for, and a batch not
+    /// answered within `timeout` is answered as unavailable.
+    pub fn new(
         upstream: Arc<dyn Upstreams>,
         head: watch::Receiver<Arc<sluice_chain::ChainView>>,
         timeout: Duration,
     ) -> Self {
-        let (requests, rx) = mpsc::channel(65_536);
-        let cache = Arc::default();
-        tokio::spawn(fetch_loop(upstream, rx, timeout));
-        Self { requests, cache, head }
+        Self { upstream, cache: Arc::default(), head, timeout }
     }
 
     /// The current head's key: height and reorg epoch (a reorg back to the same height is
@@ -90,30 +88,54 @@ impl StateReader {
         CachedStates { states: self.cache.lock().unwrap_or_else(PoisonError::into_inner), head }
     }
 
-    /// The sender's state at the current head.
-    pub async fn get(&self, address: Address) -> Result<AccountState, String> {
+    /// Several senders' states at the current head, in the order given: those read already
+    /// from the cache, the others in upstream batches of at most [`MAX_ADDRESSES`], sent
+    /// together.
+    ///
+    /// The intake's turns already gather their senders, so the misses go straight to the
+    /// upstream from here: a task that gathered every address into batches (one channel
+    /// message and one answer channel per address) took more of the async workers' CPU than
+    /// the batch it sent, with 20,000 senders of one transaction each (docs/mempool.md).
+    pub async fn get_many(&self, addresses: &[Address]) -> Vec<Result<AccountState, String>> {
         let head = self.head();
-        if let Some(state) = self.cached(address) {
-            return Ok(state);
+        let mut out: Vec<Option<Result<AccountState, String>>> = {
+            let mut states = self.cached_states();
+            addresses.iter().map(|a| states.get(*a).map(Ok)).collect()
+        };
+        let mut missing: Vec<Address> =
+            addresses.iter().zip(&out).filter(|(_, state)| state.is_none()).map(|(a, _)| *a).collect();
+        if missing.is_empty() {
+            return out.into_iter().flatten().collect();
         }
-        let (tx, rx) = oneshot::channel();
-        self.requests.send((address, tx)).await.map_err(|_| "account state reader stopped".to_owned())?;
-        let state = rx.await.map_err(|_| "account state reader stopped".to_owned())??;
-        // Kept only while its head is still the head: a state read for an older head is dead.
+        missing.sort_unstable();
+        missing.dedup();
+        let batches = missing.chunks(MAX_ADDRESSES).map(|chunk| async move {
+            match tokio::time::timeout(self.timeout, fetch(self.upstream.as_ref(), chunk)).await {
+                Ok(answers) => answers,
+                Err(_) => vec![Err("timed out reading account state from the upstream".to_owned()); chunk.len()],
+            }
+        });
+        let read: Vec<Result<AccountState, String>> =
+            futures_util::future::join_all(batches).await.into_iter().flatten().collect();
+        // Kept only while their head is still the head: a state read for an older head is dead.
         if self.head() == head {
             let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
             let states = cache.at(head);
-            if states.len() >= MAX_CACHED {
+            if states.len() + missing.len() > MAX_CACHED {
                 states.clear();
             }
-            states.insert(address, state);
+            for (address, state) in missing.iter().zip(&read) {
+                if let Ok(state) = state {
+                    states.insert(*address, *state);
+                }
+            }
         }
-        Ok(state)
-    }
-
-    /// Several senders' states at once (one upstream batch for all the misses).
-    pub async fn get_many(&self, addresses: &[Address]) -> Vec<Result<AccountState, String>> {
-        futures_util::future::join_all(addresses.iter().map(|a| self.get(*a))).await
+        for (address, state) in addresses.iter().zip(out.iter_mut()) {
+            if state.is_none() {
+                *state = missing.binary_search(address).ok().and_then(|i| read.get(i).cloned());
+            }
+        }
+        out.into_iter().map(|s| s.unwrap_or_else(|| Err("no account state read".to_owned()))).collect()
     }
 }
 
@@ -130,31 +152,12 @@ impl CachedStates<'_> {
     }
 }
 
-async fn fetch_loop(upstream: Arc<dyn Upstreams>, mut rx: mpsc::Receiver<(Address, Waiter)>, timeout: Duration) {
-    let mut batch = Vec::with_capacity(MAX_ADDRESSES);
-    while rx.recv_many(&mut batch, MAX_ADDRESSES).await > 0 {
-        let waiters = std::mem::take(&mut batch);
-        let upstream = upstream.clone();
-        // Each batch in its own task: a slow node must not hold up the next batch.
-        tokio::spawn(async move {
-            let addresses: Vec<Address> = waiters.iter().map(|(a, _)| *a).collect();
-            let answers = tokio::time::timeout(timeout, fetch(upstream.as_ref(), &addresses)).await;
-            let answers = match answers {
-                Ok(answers) => answers,
-                Err(_) => vec![Err("timed out reading account state from the upstream".to_owned()); addresses.len()],
-            };
-            for ((_, waiter), answer) in waiters.into_iter().zip(answers) {
-                let _ = waiter.send(answer);
-            }
-        });
-    }
-}
-
 /// One JSON-RPC batch: nonce and balance of each address at `latest`.
 async fn fetch(upstream: &dyn Upstreams, addresses: &[Address]) -> Vec<Result<AccountState, String>> {
     let mut requests = Vec::with_capacity(addresses.len() * 2);
     for address in addresses {
-        let params = format!(r#"["{address}","latest"]"#);
+        // Lower-case hex: the checksummed form (`{address}`) hashes each address with keccak.
+        let params = format!(r#"["{address:#x}","latest"]"#);
         requests.push(Call::internal("eth_getTransactionCount", Some(&params)));
         requests.push(Call::internal("eth_getBalance", Some(&params)));
     }
@@ -181,5 +184,75 @@ fn quantity(answer: Result<Answer, sluice_upstream::UpstreamError>) -> Result<U2
         }
         Ok(Answer { outcome: Outcome::Error(raw), .. }) => Err(format!("upstream error: {}", raw.get())),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+    use serde_json::value::RawValue;
+    use sluice_upstream::{HeadFeed, UpstreamError};
+
+    use super::*;
+
+    /// A FAKE upstream, named as such: answers each address's nonce as its first byte and
+    /// counts the batches and calls it is sent; refuses addresses not in lower-case hex.
+    #[derive(Default)]
+    struct CountingChain {
+        batches: AtomicUsize,
+        calls: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Upstreams for CountingChain {
+        async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let params: (String, String) =
+                serde_json::from_str(call.req.params.as_ref().map_or("null", |p| p.get())).expect("two params");
+            assert_eq!(params.0, params.0.to_lowercase(), "addresses go in lower case (no checksum to compute)");
+            let address: Address = params.0.parse().expect("an address");
+            let result = match call.req.method.as_str() {
+                "eth_getTransactionCount" => format!(r#""{:#x}""#, address[19]),
+                _ => r#""0x64""#.to_owned(),
+            };
+            Ok(Answer::upstream(Outcome::result(RawValue::from_string(result).expect("JSON"))))
+        }
+
+        async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            futures_util::future::join_all(calls.iter().map(|c| self.call(c))).await
+        }
+    }
+
+    // A turn's senders, repeated and in any order, each get their own state; what is missing
+    // goes in batches of at most MAX_ADDRESSES addresses, each address once; what was read is
+    // not read again at the same head, and is read again at the next one.
+    #[tokio::test]
+    async fn states_come_in_order_from_batches_then_from_the_cache() {
+        let chain = Arc::new(CountingChain::default());
+        let (feed, head) = HeadFeed::fixed(Default::default());
+        let reader = StateReader::new(chain.clone(), feed.view.clone(), Duration::from_secs(5));
+        let distinct: Vec<Address> = (0..600u32).map(|i| Address::left_padding_from(&i.to_be_bytes())).rev().collect();
+        let mut asked = distinct.clone();
+        asked.extend(distinct.iter().step_by(7).copied());
+        let states = reader.get_many(&asked).await;
+        assert_eq!(states.len(), asked.len());
+        for (address, state) in asked.iter().zip(&states) {
+            assert_eq!(state.as_ref().ok(), Some(&(u64::from(address[19]), U256::from(100))), "{address}");
+        }
+        assert_eq!(chain.batches.load(Ordering::Relaxed), 600_usize.div_ceil(MAX_ADDRESSES));
+        assert_eq!(chain.calls.load(Ordering::Relaxed), 2 * 600, "each address read once");
+
+        let again = reader.get_many(&asked[..10]).await;
+        assert!(again.iter().all(Result::is_ok));
+        assert_eq!(chain.calls.load(Ordering::Relaxed), 2 * 600, "read already at this head");
+
+        let mut view = sluice_chain::ChainView::default();
+        view.epoch += 1;
+        head.send(Arc::new(view)).expect("the reader follows the head");
+        reader.get_many(&asked[..10]).await;
+        assert_eq!(chain.calls.load(Ordering::Relaxed), 2 * 610, "a new head reads again");
     }
 }

@@ -1,10 +1,9 @@
 //! What readers see: an immutable snapshot of the pool, published by the writer after every
 //! batch and read without locks, plus the JSON renderings of geth's `txpool_*` formats.
 //!
-//! The senders' map is persistent (`imbl`): publishing a batch copies only the paths it changed,
-//! so a snapshot costs O(changes), not O(pool), and a reader holding an old one never blocks the
-//! writer or sees a half-applied batch. Its nodes branch 8 ways (imbl's `small-chunks`), not 32:
-//! under load each transaction of a batch touches another sender, and each touch copies a path.
+//! The senders' map is persistent ([`SenderMap`]): publishing a batch copies only the paths it
+//! changed, so a snapshot costs O(changes), not O(pool), and a reader holding an old one never
+//! blocks the writer or sees a half-applied batch.
 //!
 //! The hash index is not copied at all. It is one concurrent map (`papaya`, lock-free reads)
 //! shared by every snapshot, from a hash to where the transaction sits (its sender and nonce,
@@ -140,10 +139,81 @@ impl Retired {
     }
 }
 
-/// A persistent (copy-on-write) map keyed by `N` bytes: hashes and addresses are already
-/// uniform, so they are hashed with alloy's fixed-bytes hasher rather than SipHash.
-pub type PersistentMap<K, V, const N: usize> =
-    imbl::GenericHashMap<K, V, alloy_primitives::map::FbBuildHasher<N>, imbl::shared_ptr::DefaultSharedPtr>;
+/// Every sender's view, as of one snapshot: a persistent (copy-on-write) hash trie, so that
+/// publishing a batch copies only the paths it changed and a reader holding an old snapshot
+/// never blocks the writer or sees a half-applied batch.
+///
+/// `rpds`'s trie, branching [`SenderMap::DEGREE`] ways and indexed by all 64 bits of each
+/// address's hash. `imbl`'s trie, used before, indexes by as many hash bits as it branches
+/// ways: with its 8-way nodes, 8 bits, so past 3 levels every sender sat in one of 256
+/// collision lists, scanned on each read and copied whole on each write. At 20,000 senders
+/// that made the writer's CPU per transaction twice that at 2,000 (docs/mempool.md,
+/// "Concurrency").
+#[derive(Clone)]
+pub struct SenderMap(rpds::HashTrieMapSync<Address, Arc<SenderView>, alloy_primitives::map::FbBuildHasher<20>>);
+
+impl Default for SenderMap {
+    fn default() -> Self {
+        Self(rpds::HashTrieMap::new_with_hasher_and_degree_and_ptr_kind(Default::default(), Self::DEGREE))
+    }
+}
+
+impl std::fmt::Debug for SenderMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SenderMap").field("senders", &self.len()).finish_non_exhaustive()
+    }
+}
+
+impl SenderMap {
+    /// Branches per node: under load each transaction of a batch touches another sender, and
+    /// each touch copies one path of nodes, each as many entries as it has children.
+    pub const DEGREE: u8 = 16;
+
+    /// A sender's view.
+    pub fn get(&self, sender: &Address) -> Option<&Arc<SenderView>> {
+        self.0.get(sender)
+    }
+
+    /// Whether the sender has pooled transactions.
+    pub fn contains_key(&self, sender: &Address) -> bool {
+        self.0.contains_key(sender)
+    }
+
+    /// Sets a sender's view.
+    pub(crate) fn insert(&mut self, sender: Address, view: Arc<SenderView>) {
+        self.0.insert_mut(sender, view);
+    }
+
+    /// Removes a sender.
+    pub(crate) fn remove(&mut self, sender: &Address) {
+        self.0.remove_mut(sender);
+    }
+
+    /// How many senders have pooled transactions.
+    pub fn len(&self) -> usize {
+        self.0.size()
+    }
+
+    /// Whether no sender has.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every sender and its view, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&Address, &Arc<SenderView>)> {
+        self.0.iter()
+    }
+
+    /// Every sender.
+    pub fn keys(&self) -> impl Iterator<Item = &Address> {
+        self.0.keys()
+    }
+
+    /// Every view.
+    pub fn values(&self) -> impl Iterator<Item = &Arc<SenderView>> {
+        self.0.values()
+    }
+}
 
 /// Where a pooled transaction sits: its sender's view, at its nonce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +232,7 @@ pub struct Snapshot {
     /// The shared hash index (see [`Snapshot::get`]).
     pub(crate) index: Arc<TxIndex>,
     /// Every sender with pooled transactions.
-    pub senders: PersistentMap<Address, Arc<SenderView>, 20>,
+    pub senders: SenderMap,
     /// Pending and queued counts.
     pub status: Status,
     /// The base fee executability was judged by.
@@ -173,7 +243,7 @@ impl Snapshot {
     /// An empty snapshot whose hash index is sized for `capacity` transactions.
     pub(crate) fn with_capacity(capacity: usize) -> Self {
         let index = Arc::new(TxIndex::with_capacity_and_hasher(capacity, Default::default()));
-        Self { index, senders: PersistentMap::default(), status: Status::default(), base_fee: 0 }
+        Self { index, senders: SenderMap::default(), status: Status::default(), base_fee: 0 }
     }
 
     /// A transaction pooled as of this snapshot, by hash.
@@ -206,7 +276,7 @@ impl Snapshot {
     pub fn content_json(&self, summaries: bool) -> Value {
         let mut pending = Map::new();
         let mut queued = Map::new();
-        for (sender, view) in &self.senders {
+        for (sender, view) in self.senders.iter() {
             let key = format!("{sender}");
             if !view.pending.is_empty() {
                 pending.insert(key.clone(), by_nonce(&view.pending, summaries));

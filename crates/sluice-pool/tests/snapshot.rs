@@ -14,7 +14,7 @@ use sluice_upstream::HeadFeed;
 
 fn check(snapshot: &Snapshot) {
     let mut listed = 0;
-    for (sender, view) in &snapshot.senders {
+    for (sender, view) in snapshot.senders.iter() {
         let nonces: Vec<u64> = view.pending.iter().chain(&view.queued).map(|p| p.tx.nonce).collect();
         assert!(nonces.windows(2).all(|w| w[0] < w[1]), "{sender}: nonces ordered");
         for p in view.pending.iter().chain(&view.queued) {
@@ -80,7 +80,7 @@ async fn every_snapshot_is_consistent_through_gaps_replacements_and_refusals() {
     assert_eq!(snapshot.status.pending, 10 * 6 + 10 * 3);
     assert_eq!(snapshot.status.queued, 10 * 2);
     for w in &wallets {
-        let view = &snapshot.senders[&w.address()];
+        let view = snapshot.senders.get(&w.address()).expect("the sender is pooled");
         assert_eq!(view.pending[1].tx.max_fee, 30_000_000_000, "nonce 1 replaced");
     }
 }
