@@ -179,6 +179,12 @@ impl SenderMap {
         self.0.contains_key(sender)
     }
 
+    /// A sender's view, to replace (the path to it is copied first where it is shared with
+    /// another snapshot).
+    pub(crate) fn get_mut(&mut self, sender: &Address) -> Option<&mut Arc<SenderView>> {
+        self.0.get_mut(sender)
+    }
+
     /// Sets a sender's view.
     pub(crate) fn insert(&mut self, sender: Address, view: Arc<SenderView>) {
         self.0.insert_mut(sender, view);
