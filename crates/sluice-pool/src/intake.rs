@@ -1,16 +1,14 @@
-//! The intake stage, between the verifier threads and the single writer: run by each verifier
-//! thread on the results of its turn.
+//! The intake stage: one task between the verifier threads and the single writer.
 //!
 //! A submitter hands its transaction to the verifiers with a [`Ticket`] and waits for one
-//! answer. The verifiers hand their results over a turn at a time; this stage answers what needs no
+//! answer. The verifiers send their results a turn at a time; this stage answers what needs no
 //! writer (undecodable, or pooled already: the verifier looks each transaction up by the hash
 //! decoding computes, before recovering its sender), attaches each sender's account state, and
 //! hands the rest to the writer as one command. A transaction pooled while it was verified (a
 //! peer sent it too) is found by the pool itself, which the submitter hears as pooled. Under load, a turn holds many
-//! transactions: one writer batch per turn, not two task wake-ups and a writer wake-up per
-//! transaction, which cost about as much as the sender recovery they surround. (The stage was a
-//! task the verifiers sent each turn to, woken once per turn; it runs on the verifier threads
-//! since: docs/mempool.md, "Concurrency".)
+//! transactions: one wake-up of this task and one writer batch per turn, not two task wake-ups
+//! and a writer wake-up per transaction, which cost about as much as the sender recovery they
+//! surround.
 //!
 //! States already read at the current head are attached at once. The others are read in one
 //! upstream batch by a task of their own (it ends within the state timeout), so a slow node
@@ -21,11 +19,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use alloy_primitives::{Address, Bytes, B256, U256};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::seams::SubmitError;
 use crate::state::StateReader;
-use crate::verify::{Group, Sink, Verified};
+use crate::verify::{Group, Verified};
 use crate::view::Pooled;
 use crate::writer::{Command, Submission};
 use crate::DecodeError;
@@ -45,19 +43,17 @@ pub(crate) struct Intake {
     pub commands: std::sync::mpsc::Sender<Command>,
     /// The network's id, for the metrics' `network` label.
     pub network: String,
-    /// Where the reads of account state not cached yet run (the stage itself runs on the
-    /// verifier threads).
-    pub runtime: tokio::runtime::Handle,
 }
 
-impl Intake {
-    /// The verifiers' sink: each turn's group goes through [`Intake::take`] on the verifier
-    /// thread that verified it.
-    pub(crate) fn into_sink(self) -> Sink<Ticket> {
-        Arc::new(move |group: Group<Ticket>| {
-            let count = group.len();
-            self.take(group.into_iter(), count);
-        })
+/// Verifier groups taken per pass at most.
+const GROUPS: usize = 64;
+
+/// Runs until the verifiers are gone (every group sender dropped) or the task is ended.
+pub(crate) async fn run(intake: Intake, mut groups: mpsc::UnboundedReceiver<Group<Ticket>>) {
+    let mut taken = Vec::with_capacity(GROUPS);
+    while groups.recv_many(&mut taken, GROUPS).await > 0 {
+        let count = taken.iter().map(Vec::len).sum();
+        intake.take(taken.drain(..).flatten(), count);
     }
 }
 
@@ -65,7 +61,7 @@ impl Intake {
 type Unread = (Pooled, bool, oneshot::Sender<Result<B256, SubmitError>>);
 
 impl Intake {
-    /// Answers or forwards one turn of verified transactions, `count` of them.
+    /// Answers or forwards one pass of verified transactions, `count` of them.
     fn take(&self, results: impl Iterator<Item = (Result<Verified, DecodeError>, Ticket)>, count: usize) {
         // Sized up front: grown a push at a time, it was moved four times for a turn of 64.
         let mut ready = Vec::with_capacity(count);
@@ -103,7 +99,7 @@ impl Intake {
         send(&self.commands, ready);
         if !unread.is_empty() {
             let (state, commands) = (self.state.clone(), self.commands.clone());
-            self.runtime.spawn(async move { send(&commands, with_state(&state, unread).await) });
+            tokio::spawn(async move { send(&commands, with_state(&state, unread).await) });
         }
     }
 }

@@ -96,20 +96,15 @@ impl Mempool {
             .name("mempool-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| format!("cannot start the mempool writer: {e}"))?;
+        let (groups, verified) = tokio::sync::mpsc::unbounded_channel();
         let known: crate::verify::Known = {
             let snapshot = snapshot.clone();
             Arc::new(move |hash| snapshot.load().contains(hash))
         };
+        let verifier = Verifier::start(config.verify_threads, config.verify_queue, config.verify_nice, groups, known)
+            .map_err(|e| format!("cannot start the mempool verifiers: {e}"))?;
         let state = StateReader::new(upstream.clone(), feed.view.clone(), config.state_timeout);
-        let intake = Intake {
-            state: state.clone(),
-            commands: commands.clone(),
-            network: config.network.clone(),
-            runtime: tokio::runtime::Handle::current(),
-        };
-        let verifier =
-            Verifier::start(config.verify_threads, config.verify_queue, config.verify_nice, intake.into_sink(), known)
-                .map_err(|e| format!("cannot start the mempool verifiers: {e}"))?;
+        let intake = Intake { state: state.clone(), commands: commands.clone(), network: config.network.clone() };
         let core = Arc::new(Core {
             rules: ArcSwapOption::empty(),
             snapshot,
@@ -129,6 +124,7 @@ impl Mempool {
             writer: std::sync::Mutex::new(Some(writer)),
             answers: std::sync::Mutex::new(Some(tokio::spawn(crate::writer::deliver(answers_rx)))),
         });
+        mempool.spawn(crate::intake::run(intake, verified));
         if mempool.core.config.relay {
             mempool.spawn(crate::relay::run(mempool.core.clone(), relay_rx));
         }

@@ -9,17 +9,16 @@
 //! pool already holds or owes is ever dropped for being busy.
 //!
 //! A job's result goes either to its own waiter ([`Verifier::verify`]) or, with the results of
-//! the other jobs of the same turn, as one group to the intake stage ([`Verifier::verify_then`]),
-//! which runs on the verifier thread itself (the [`Sink`]): under load a turn holds several
-//! jobs, and one hand-off per turn instead of one wake-up per transaction is most of what keeps
-//! the intake close to the cost of recovery alone.
+//! the other jobs of the same turn, as one group to the intake stage ([`Verifier::verify_then`]):
+//! under load a turn holds several jobs, and one message per turn instead of one wake-up per
+//! transaction is most of what keeps the intake close to the cost of recovery alone.
 
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use alloy_primitives::{Bytes, B256};
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::decode::{decode_new, Decoded};
 use crate::{DecodeError, Rules};
@@ -58,11 +57,6 @@ enum Job<T> {
 
 /// The results of one turn of one verifier for the intake stage, each with its ticket.
 pub type Group<T> = Vec<(Result<Verified, DecodeError>, T)>;
-
-/// Where each turn's group goes: called on the verifier thread, once per turn with grouped
-/// results. It must not block for long (the thread's next turn waits for it). Run here rather
-/// than as a task the group is sent to, a turn costs no wake-up of an async worker.
-pub type Sink<T> = Arc<dyn Fn(Group<T>) + Send + Sync>;
 
 /// Whether a caller waits for room in a full queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,9 +103,16 @@ fn share(in_queue: usize, threads: usize) -> usize {
 impl<T: Send + 'static> Verifier<T> {
     /// Starts `threads` verifiers with a queue of `capacity` transactions, at niceness `nice`
     /// (0 is normal; higher yields the CPU to the readers' threads first); grouped results go
-    /// to `sink`. A transaction `known` already holds is answered as [`Verified::Known`] before
-    /// its checks and recovery.
-    pub fn start(threads: usize, capacity: usize, nice: i32, sink: Sink<T>, known: Known) -> std::io::Result<Self> {
+    /// to `groups`. Unbounded, it holds no more than the jobs admitted to the queue, each of
+    /// which its submitter waits for. A transaction `known` already holds is answered as
+    /// [`Verified::Known`] before its checks and recovery.
+    pub fn start(
+        threads: usize,
+        capacity: usize,
+        nice: i32,
+        groups: mpsc::UnboundedSender<Group<T>>,
+        known: Known,
+    ) -> std::io::Result<Self> {
         let capacity = capacity.max(1);
         let threads = threads.max(1);
         let (jobs, rx) = sync_channel::<Job<T>>(capacity);
@@ -119,7 +120,7 @@ impl<T: Send + 'static> Verifier<T> {
         let room = Arc::new(Semaphore::new(capacity));
         let mut handles = Vec::new();
         for i in 0..threads {
-            let (rx, sink, room, known) = (rx.clone(), sink.clone(), room.clone(), known.clone());
+            let (rx, groups, room, known) = (rx.clone(), groups.clone(), room.clone(), known.clone());
             handles.push(std::thread::Builder::new().name(format!("mempool-verify-{i}")).spawn(move || {
                 lower_priority(nice);
                 let mut jobs = Vec::with_capacity(TAKE);
@@ -167,7 +168,9 @@ impl<T: Send + 'static> Verifier<T> {
                         }
                     }
                     if !group.is_empty() {
-                        sink(group);
+                        // The intake stage gone means the mempool is stopping: the tickets'
+                        // submitters see it.
+                        let _ = groups.send(group);
                     }
                     drop(places);
                     if stop {
@@ -273,11 +276,8 @@ mod tests {
     // several (the point of grouping).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn grouped_results_carry_their_tickets() {
-        let (groups, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let sink: Sink<usize> = Arc::new(move |group| {
-            let _ = groups.send(group);
-        });
-        let verifier = Verifier::<usize>::start(1, 256, 0, sink, Arc::new(|_| false)).expect("verifier threads");
+        let (groups, mut rx) = mpsc::unbounded_channel();
+        let verifier = Verifier::<usize>::start(1, 256, 0, groups, Arc::new(|_| false)).expect("verifier threads");
         let rules = Arc::new(Rules { chain_id: 1, ..Rules::default() });
         let wallet = Wallet::numbered(3, 1);
         let mut expected = Vec::new();
