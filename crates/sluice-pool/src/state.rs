@@ -76,11 +76,6 @@ impl StateReader {
         (view.latest().map_or(0, |(n, _)| n), view.epoch)
     }
 
-    /// The sender's state at the current head when it was read already (no waiting).
-    pub fn cached(&self, address: Address) -> Option<AccountState> {
-        self.cached_states().get(address)
-    }
-
     /// The states read already at the current head, for several lookups under one lock (the
     /// intake looks up a verifier turn's senders at once).
     pub fn cached_states(&self) -> CachedStates<'_> {

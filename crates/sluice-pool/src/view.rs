@@ -146,9 +146,8 @@ impl Retired {
 /// `rpds`'s trie, branching [`SenderMap::DEGREE`] ways and indexed by all 64 bits of each
 /// address's hash. `imbl`'s trie, used before, indexes by as many hash bits as it branches
 /// ways: with its 8-way nodes, 8 bits, so past 3 levels every sender sat in one of 256
-/// collision lists, scanned on each read and copied whole on each write. At 20,000 senders
-/// that made the writer's CPU per transaction twice that at 2,000 (docs/mempool.md,
-/// "Concurrency").
+/// collision lists, scanned on each read and copied whole on each write, each list ~80 senders
+/// long at 20,000 (docs/mempool.md, "At 20,000 senders").
 #[derive(Clone)]
 pub struct SenderMap(rpds::HashTrieMapSync<Address, Arc<SenderView>, alloy_primitives::map::FbBuildHasher<20>>);
 
