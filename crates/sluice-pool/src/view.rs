@@ -316,3 +316,52 @@ fn by_nonce(txs: &[Arc<Pooled>], summaries: bool) -> Value {
 pub fn quantity(n: u64) -> String {
     format!("{n:#x}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(pending_nonce: u64) -> Arc<SenderView> {
+        Arc::new(SenderView { pending_nonce, ..SenderView::default() })
+    }
+
+    // At the scale of a busy public mempool (20,000 senders), a batch's changes to a copy of the
+    // map (views replaced, senders added and removed) leave the snapshot it was copied from
+    // exactly as it was, and the copy holds every change and every untouched sender.
+    #[test]
+    fn a_copy_changed_by_a_batch_leaves_the_published_map_as_it_was() {
+        let senders: Vec<Address> = (0..20_000u32).map(|i| Address::left_padding_from(&i.to_be_bytes())).collect();
+        let mut published = SenderMap::default();
+        for (i, s) in senders.iter().enumerate() {
+            published.insert(*s, view(i as u64));
+        }
+        let mut next = published.clone();
+        for s in senders.iter().step_by(157) {
+            let slot = next.get_mut(s).expect("a pooled sender");
+            *slot = view(slot.pending_nonce + 1_000_000);
+        }
+        for s in senders.iter().skip(1).step_by(313) {
+            next.remove(s);
+        }
+        let newcomer = Address::repeat_byte(0xee);
+        next.insert(newcomer, view(7));
+
+        assert_eq!(published.len(), 20_000);
+        assert!(!published.contains_key(&newcomer));
+        for (i, s) in senders.iter().enumerate() {
+            assert_eq!(published.get(s).map(|v| v.pending_nonce), Some(i as u64), "published sender {i}");
+            let expected = if i % 313 == 1 {
+                None
+            } else if i % 157 == 0 {
+                Some(i as u64 + 1_000_000)
+            } else {
+                Some(i as u64)
+            };
+            assert_eq!(next.get(s).map(|v| v.pending_nonce), expected, "copied sender {i}");
+        }
+        let removed = senders.iter().skip(1).step_by(313).count();
+        assert_eq!(next.len(), 20_000 - removed + 1);
+        assert_eq!(next.iter().count(), next.len());
+        assert_eq!(next.get(&newcomer).map(|v| v.pending_nonce), Some(7));
+    }
+}
