@@ -15,7 +15,6 @@
 //! holds up only the transactions that wait for it; a sender's transactions in one turn all
 //! take the same path, so their order is kept.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use alloy_primitives::{Address, Bytes, B256, U256};
@@ -110,11 +109,11 @@ async fn with_state(state: &StateReader, unread: Vec<Unread>) -> Vec<Submission>
     let mut senders: Vec<Address> = unread.iter().map(|(p, _, _)| p.tx.sender).collect();
     senders.sort_unstable();
     senders.dedup();
-    let states: HashMap<Address, Result<(u64, U256), String>> =
-        senders.iter().copied().zip(state.get_many(&senders).await).collect();
+    // In the order of `senders`, which is sorted: found by binary search.
+    let states: Vec<Result<(u64, U256), String>> = state.get_many(&senders).await;
     let mut ready = Vec::with_capacity(unread.len());
     for (pooled, journal, reply) in unread {
-        match states.get(&pooled.tx.sender) {
+        match senders.binary_search(&pooled.tx.sender).ok().and_then(|i| states.get(i)) {
             Some(Ok((nonce, balance))) => ready.push(submission(pooled, *nonce, *balance, journal, reply)),
             Some(Err(e)) => {
                 let _ = reply.send(Err(SubmitError::Unavailable(e.clone())));

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use alloy_primitives::map::AddressMap;
 use alloy_primitives::{Address, U256};
-use sluice_jsonrpc::Outcome;
+use serde_json::value::RawValue;
+use sluice_chain::BlockNeed;
+use sluice_jsonrpc::{Id, Outcome, Request};
 use sluice_upstream::{Answer, Call, Upstreams};
 use tokio::sync::watch;
 
@@ -151,10 +153,13 @@ impl CachedStates<'_> {
 async fn fetch(upstream: &dyn Upstreams, addresses: &[Address]) -> Vec<Result<AccountState, String>> {
     let mut requests = Vec::with_capacity(addresses.len() * 2);
     for address in addresses {
-        // Lower-case hex: the checksummed form (`{address}`) hashes each address with keccak.
-        let params = format!(r#"["{address:#x}","latest"]"#);
-        requests.push(Call::internal("eth_getTransactionCount", Some(&params)));
-        requests.push(Call::internal("eth_getBalance", Some(&params)));
+        // Both calls share the params, whose need (the head) is known.
+        let params = params(address);
+        let call = |method: &'static str, params| {
+            Call::internal_needing(Request::new(Some(Id::number(1)), method, Some(params)), BlockNeed::Head)
+        };
+        requests.push(call("eth_getTransactionCount", params.clone()));
+        requests.push(call("eth_getBalance", params));
     }
     let refs: Vec<&Call> = requests.iter().collect();
     let answers = upstream.call_batch(&refs).await;
@@ -170,11 +175,22 @@ async fn fetch(upstream: &dyn Upstreams, addresses: &[Address]) -> Vec<Result<Ac
     out
 }
 
+/// `["0x<address>","latest"]`, in lower-case hex (the checksummed form, `{address}`, hashes
+/// each address with keccak) and built at its exact size (formatted, the text was reallocated
+/// to fit when boxed).
+fn params(address: &Address) -> Box<RawValue> {
+    let mut text = *br#"["0x0000000000000000000000000000000000000000","latest"]"#;
+    alloy_primitives::hex::encode_to_slice(address, &mut text[4..44]).expect("20 bytes fill 40 digits");
+    let text = std::str::from_utf8(&text).expect("hex digits are ASCII");
+    RawValue::from_string(text.to_owned()).expect("an address in hex is JSON")
+}
+
+/// A quantity answered by the upstream: a JSON string `"0x…"` of hex digits. Read from the
+/// answer's text as it is, since a quantity has nothing to unescape (an escaped one is refused).
 fn quantity(answer: Result<Answer, sluice_upstream::UpstreamError>) -> Result<U256, String> {
     match answer {
         Ok(Answer { outcome: Outcome::Result(raw), .. }) => {
-            let text: String = serde_json::from_str(raw.get()).map_err(|_| "not a quantity".to_owned())?;
-            let digits = text.strip_prefix("0x").ok_or("not a quantity")?;
+            let digits = raw.get().strip_prefix("\"0x").and_then(|t| t.strip_suffix('"')).ok_or("not a quantity")?;
             U256::from_str_radix(digits, 16).map_err(|_| "not a quantity".to_owned())
         }
         Ok(Answer { outcome: Outcome::Error(raw), .. }) => Err(format!("upstream error: {}", raw.get())),
@@ -187,7 +203,6 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use async_trait::async_trait;
-    use serde_json::value::RawValue;
     use sluice_upstream::{HeadFeed, UpstreamError};
 
     use super::*;
@@ -218,6 +233,20 @@ mod tests {
         async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
             self.batches.fetch_add(1, Ordering::Relaxed);
             futures_util::future::join_all(calls.iter().map(|c| self.call(c))).await
+        }
+    }
+
+    // The params built at their exact size are what formatting gives; a quantity is read from
+    // the answer's text, and what is not a quoted hex quantity is refused.
+    #[test]
+    fn params_and_quantities_are_read_as_json_has_them() {
+        let address = Address::repeat_byte(0xab);
+        assert_eq!(params(&address).get(), format!(r#"["{address:#x}","latest"]"#));
+        let answer =
+            |text: &str| Ok(Answer::upstream(Outcome::result(RawValue::from_string(text.into()).expect("JSON"))));
+        assert_eq!(quantity(answer(r#""0x1bc16d674ec80000""#)), Ok(U256::from(2_000_000_000_000_000_000_u128)));
+        for refused in ["27", r#""27""#, r#""0xzz""#, "null", r#"{"0x1":1}"#] {
+            assert!(quantity(answer(refused)).is_err(), "{refused}");
         }
     }
 

@@ -52,25 +52,20 @@ pub const DEFAULT_NETWORK: &str = "default";
 impl Call {
     /// A client's call, its block need read from its params.
     pub fn new(req: Request) -> Self {
-        static NETWORK: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
-        Self::on(req, NETWORK.get_or_init(|| Arc::from(DEFAULT_NETWORK)).clone())
+        Self::on(req, default_network())
     }
 
     /// A client's call on `network`. (Naming the network here, not after [`Call::new`], spares
     /// a count up and down on the default network's id, which every thread shares.)
     pub fn on(req: Request, network: Arc<str>) -> Self {
         let needs = BlockNeed::of(&req.method, req.params_text());
+        Self::needing(req, network, needs, Origin::Client)
+    }
+
+    fn needing(req: Request, network: Arc<str>, needs: BlockNeed, origin: Origin) -> Self {
         Self {
             req,
-            ctx: CallCtx {
-                network,
-                tier: None,
-                priority: 0,
-                deadline: None,
-                needs,
-                origin: Origin::Client,
-                expect_found: false,
-            },
+            ctx: CallCtx { network, tier: None, priority: 0, deadline: None, needs, origin, expect_found: false },
         }
     }
 
@@ -89,6 +84,12 @@ impl Call {
         call
     }
 
+    /// An internal call whose block need the caller knows already, so that its params are not
+    /// read again (the mempool's state reads build two calls per new sender, on one head).
+    pub fn internal_needing(req: Request, needs: BlockNeed) -> Self {
+        Self::needing(req, default_network(), needs, Origin::Internal)
+    }
+
     /// The same call with other params and need (a pinned block), same context otherwise.
     pub fn with_params(&self, params: Box<RawValue>, needs: BlockNeed) -> Self {
         let req = Request::new(self.req.id.clone(), self.req.method.clone(), Some(params));
@@ -99,6 +100,12 @@ impl Call {
     pub fn method(&self) -> &str {
         &self.req.method
     }
+}
+
+/// The default network's id, shared rather than allocated per call.
+fn default_network() -> Arc<str> {
+    static NETWORK: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    NETWORK.get_or_init(|| Arc::from(DEFAULT_NETWORK)).clone()
 }
 
 impl From<Request> for Call {
