@@ -70,7 +70,7 @@ import re, sys
 out, err = open(sys.argv[1]).read(), open(sys.argv[2]).read()
 def median_row(*labels):
     for label in labels:
-        m = re.search(r"\| " + re.escape(label) + r", median of \d+ rounds \| ([0-9.]+)×", out)
+        m = re.search(r"\| " + re.escape(label) + r", median of \d+ rounds[^|]*\| ([0-9.]+)×", out)
         if m:
             return m.group(1)
     return "?"
@@ -98,7 +98,7 @@ print()
 for side in ("base", "new"):
     medians = []
     for run in range(1, runs + 1):
-        m = re.search(r"\| batched / the ceiling, median of \d+ rounds \| ([0-9.]+)×", open(f"{work}/{side}.{run}.out").read())
+        m = re.search(r"\| batched / the ceiling, median of \d+ rounds[^|]*\| ([0-9.]+)×", open(f"{work}/{side}.{run}.out").read())
         if m:
             medians.append(float(m.group(1)))
     if medians:
