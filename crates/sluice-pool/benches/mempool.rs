@@ -211,9 +211,9 @@ fn cpu_per_tx(before: &std::collections::BTreeMap<String, Duration>, count: usiz
 }
 
 /// Rounds of (ceiling, batched intake) measured back to back: `MEMPOOL_ROUNDS`, 9 by default.
-/// Single rounds on a shared 2-core machine range over a fifth or more (0.81–1.05× in one
-/// run); the median of 3 moved between runs by as much as the goal's margin, that of 9 to 21
-/// much less (docs/mempool.md, "Many rounds").
+/// Single rounds on a shared 2-core machine range over a third (0.75–1.13× in one run); a
+/// run's median is steadier, yet still moves from run to run by a few hundredths, with 21
+/// rounds as with 9: the machine drifts over minutes too (docs/mempool.md, "Many runs").
 fn rounds() -> usize {
     if !full_run() {
         return 1;
