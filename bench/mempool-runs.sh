@@ -39,4 +39,6 @@ for label in ("batched / the ceiling", "the ceiling / whole intake by CPU"):
     print(f"{label}: median of the runs' medians {statistics.median(medians):.2f}× "
           f"(runs {min(medians):.2f}–{max(medians):.2f}; {sum(m >= 0.90 for m in medians)} of {runs} at 0.90 or more)")
 PY
-echo "machine: $(nproc) cores, $(uname -m); MEMPOOL_NONCES=${MEMPOOL_NONCES:-10 (default)}, MEMPOOL_ROUNDS=${MEMPOOL_ROUNDS:-9 (default)}; each run signs its transactions, then the rounds"
+shape=$(grep -o '^signing .*' "$work/1.out" | tr -d '…')
+rounds=$(grep -o 'median of [0-9]* rounds' "$work/1.out" | head -1)
+echo "machine: $(nproc) cores, $(uname -m); each run: ${shape#signing }, the $rounds; runs one after the other"
