@@ -13,6 +13,8 @@ CAST="$TOOLS/node_modules/@foundry-rs/cast-linux-amd64/bin/cast"
 # solc (solc-js), for the contracts the aggregation tests compile (crates/sluice/tests/contracts/).
 SOLC_VERSION=0.8.37
 SOLCJS="$TOOLS/node_modules/solc/solc.js"
+# viem, for the test that runs a dapp's own send / wait / read flow through sluice (tests/js/).
+VIEM_VERSION=2.58.8
 
 apt_install() {
   if [ "$(id -u)" != 0 ]; then
@@ -44,14 +46,15 @@ fi
 command -v adduser >/dev/null 2>&1 || apt_install adduser
 
 installed_version() { "$1" --version 2>/dev/null | grep -o "$FOUNDRY_VERSION" | head -n1; }
-solc_version() { node -e "console.log(require('./$TOOLS/node_modules/solc/package.json').version)" 2>/dev/null; }
+package_version() { node -e "console.log(require('./$TOOLS/node_modules/$1/package.json').version)" 2>/dev/null; }
 if [ ! -x "$ANVIL" ] || [ ! -x "$CAST" ] || [ "$(installed_version "$ANVIL")" != "$FOUNDRY_VERSION" ] \
-  || [ ! -f "$SOLCJS" ] || [ "$(solc_version)" != "$SOLC_VERSION" ]; then
-  # One npm call for all three: a second `npm install --no-save` would remove the others.
-  echo "install-tools: installing anvil and cast $FOUNDRY_VERSION and solc $SOLC_VERSION into $TOOLS/"
+  || [ ! -f "$SOLCJS" ] || [ "$(package_version solc)" != "$SOLC_VERSION" ] \
+  || [ "$(package_version viem)" != "$VIEM_VERSION" ]; then
+  # One npm call for all of them: a second `npm install --no-save` would remove the others.
+  echo "install-tools: installing anvil and cast $FOUNDRY_VERSION, solc $SOLC_VERSION and viem $VIEM_VERSION into $TOOLS/"
   mkdir -p "$TOOLS"
   npm install --prefix "$TOOLS" --no-save --no-audit --no-fund --loglevel=error \
     "@foundry-rs/anvil-linux-amd64@$FOUNDRY_VERSION" "@foundry-rs/cast-linux-amd64@$FOUNDRY_VERSION" \
-    "solc@$SOLC_VERSION"
+    "solc@$SOLC_VERSION" "viem@$VIEM_VERSION"
 fi
 "$ANVIL" --version | head -n1

@@ -111,6 +111,15 @@ impl CacheLayer {
         Self { shared, coalescer: coalesce.then(Coalescer::default) }
     }
 
+    /// The plan for `call`, against the view it was admitted with ([`CallView`](sluice_upstream::CallView)): nothing is
+    /// resolved for a call whose view is behind what its client may have been shown.
+    fn plan(&self, call: &Call) -> Plan {
+        match call.ctx.view.resolve(&self.shared.view) {
+            Some(view) => plan(call.method(), call.req.params_text(), &view),
+            None => Plan::Pass,
+        }
+    }
+
     /// The answer in memory for `plan`, counted as a hit.
     fn memory_hit(&self, plan: &Cacheable) -> Option<Answer> {
         let entry = self.shared.memory.get(&plan.key)?;
@@ -231,14 +240,13 @@ impl Upstreams for CacheLayer {
         'b: 'f,
         Self: 'f,
     {
-        let view = self.shared.view.borrow().clone();
         // A trace span (off: a disabled callsite); `result` says what the cache did.
         let span = tracing::debug_span!("cache", result = tracing::field::Empty);
         let at_once = |answer: Answer, result: &'static str| -> CallFuture<'f> {
             span.record("result", result);
             Box::pin(std::future::ready(Ok(answer)))
         };
-        match plan(call.method(), call.req.params_text(), &view) {
+        match self.plan(call) {
             Plan::Local(value) => at_once(local(value), "local"),
             Plan::Cache(plan) => match self.memory_hit(&plan) {
                 Some(answer) => at_once(answer, "hit-memory"),
@@ -280,12 +288,11 @@ fn cache_result(answer: &Result<Answer, UpstreamError>, cacheable: bool) -> &'st
 
 impl CacheLayer {
     async fn batch(&self, calls: &[&Call], span: &tracing::Span) -> Vec<Result<Answer, UpstreamError>> {
-        let view = self.shared.view.borrow().clone();
         let mut results: Vec<Option<Result<Answer, UpstreamError>>> = (0..calls.len()).map(|_| None).collect();
         let mut misses: Vec<(usize, Cacheable)> = Vec::new();
         let mut down: Vec<(usize, Option<Cacheable>)> = Vec::new();
         for (i, call) in calls.iter().enumerate() {
-            match plan(call.method(), call.req.params_text(), &view) {
+            match self.plan(call) {
                 Plan::Local(value) => results[i] = Some(Ok(local(value))),
                 Plan::Cache(plan) => match self.shared.memory.get(&plan.key) {
                     Some(entry) => {

@@ -5,11 +5,14 @@
 //!   detects reorgs and says when it needs a parent it has not seen.
 //! * [`BlockNeed`]: which block a call needs, read once from its method and params.
 //! * [`ChainView`]: an immutable snapshot of the tracker that resolves tags without locks.
+//! * [`named_block`]: the block an answer names (a receipt's, a block's, the newest log's).
 
+mod named;
 mod need;
 mod tag;
 mod tracker;
 
+pub use named::{may_name_block, named_block, NamedBlock};
 pub use need::{answers_null_when_unknown, block_position, reads_state, BlockNeed};
 
 pub use tag::parse_quantity;

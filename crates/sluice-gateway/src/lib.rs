@@ -194,6 +194,9 @@ pub struct NetworkSpec {
     pub status: StatusBoard,
     /// Served at `/` too.
     pub default: bool,
+    /// Its head, when it follows one: each call's view of the chain is taken from it when the
+    /// call is admitted, and the answers relayed teach it (read-your-writes across methods).
+    pub head: Option<sluice_upstream::HeadView>,
 }
 
 impl NetworkSpec {
@@ -208,6 +211,7 @@ impl NetworkSpec {
             readiness: None,
             status: StatusBoard::default(),
             default: false,
+            head: None,
         }
     }
 }
@@ -301,7 +305,7 @@ impl GatewayBuilder {
                 let id: Arc<str> = Arc::from(spec.id.as_str());
                 let readiness = spec.readiness.unwrap_or_else(|| spec.upstreams.clone());
                 Network {
-                    pipeline: Pipeline::for_network(id.clone(), spec.upstreams, shared.clone()),
+                    pipeline: Pipeline::for_network(id.clone(), spec.upstreams, shared.clone()).with_head(spec.head),
                     id,
                     chain_id: spec.chain_id,
                     relay: spec.relay,

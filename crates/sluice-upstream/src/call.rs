@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use sluice_chain::BlockNeed;
+use sluice_chain::{BlockNeed, ChainView};
 use sluice_jsonrpc::{Id, RawValue, Request};
+use tokio::sync::watch;
 
 /// One JSON-RPC call on its way through the pipeline: exactly what the caller sent, plus what
 /// the edge and the layers above learned about it. Layers read the context and add to it
@@ -35,6 +36,37 @@ pub struct CallCtx {
     /// A layer above knows the object asked for exists (the mempool saw the transaction
     /// mined): a `null` answer is not believed until every member has said so.
     pub expect_found: bool,
+    /// The view of the chain every layer resolves this call's block tags against.
+    pub view: CallView,
+}
+
+/// Which view of the chain a call's layers resolve `latest` (and the other tags) against.
+///
+/// A client's call takes one view when the pipeline admits it, so that the cache's pinning,
+/// the logs splitter and routing all see the same head, and so that a client that was shown
+/// block N is never answered from a view before N (`crate::consistency`).
+#[derive(Debug, Clone, Default)]
+pub enum CallView {
+    /// The head feed's view as it is when a layer looks (sluice's own calls, tests).
+    #[default]
+    Live,
+    /// One view for the whole call, taken when it was admitted.
+    Taken(Arc<ChainView>),
+    /// sluice's view stayed behind a block a client was shown for longer than the call may
+    /// wait: no layer resolves a tag; the call goes as sent, and the pool asks the members at
+    /// the best head.
+    Behind,
+}
+
+impl CallView {
+    /// The view to resolve against (`live`: the head feed's), or `None` to resolve nothing.
+    pub fn resolve(&self, live: &watch::Receiver<Arc<ChainView>>) -> Option<Arc<ChainView>> {
+        match self {
+            CallView::Live => Some(live.borrow().clone()),
+            CallView::Taken(view) => Some(view.clone()),
+            CallView::Behind => None,
+        }
+    }
 }
 
 /// Who makes a call.
@@ -65,7 +97,16 @@ impl Call {
     fn needing(req: Request, network: Arc<str>, needs: BlockNeed, origin: Origin) -> Self {
         Self {
             req,
-            ctx: CallCtx { network, tier: None, priority: 0, deadline: None, needs, origin, expect_found: false },
+            ctx: CallCtx {
+                network,
+                tier: None,
+                priority: 0,
+                deadline: None,
+                needs,
+                origin,
+                expect_found: false,
+                view: CallView::Live,
+            },
         }
     }
 

@@ -4,6 +4,8 @@
 //! [`HeadTracker`]. Without a WebSocket, or while the subscription is down, it polls `latest`
 //! instead and tries the WebSocket again every few seconds. Missing parents (gaps, reorgs) are
 //! fetched by hash. After each head it refreshes the node's safe and finalized heights.
+//! A block that an answer relayed to a client named above the head ([`Seen`]) is fetched at
+//! once, so that the client's next reads are not answered from before it.
 //!
 //! Readers get an `Arc<ChainView>` snapshot from a watch channel (published first), then a
 //! [`ChainEvent`] on a broadcast channel: a reader never sees an event before the view that
@@ -13,11 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::value::RawValue;
-use sluice_chain::{parse_quantity, ChainEvent, ChainView, Feed, HeadTracker, Header};
+use sluice_chain::{parse_quantity, BlockNeed, ChainEvent, ChainView, Feed, HeadTracker, Header, NamedBlock};
 use sluice_jsonrpc::{Id, Outcome, Request};
 use tokio::sync::{broadcast, watch};
 
-use crate::{Call, UpstreamSocket, Upstreams};
+use crate::{Call, HeadView, Seen, UpstreamSocket, Upstreams};
 
 /// Settings for the head feed.
 #[derive(Debug, Clone)]
@@ -32,6 +34,9 @@ pub struct HeadConfig {
     pub timeout: Duration,
     /// The network followed: the `network` label of the head and reorg metrics.
     pub network: String,
+    /// How long a call that resolves `latest` waits for the tracker to reach a block an
+    /// answer already showed a client (then the call resolves no tag itself).
+    pub catch_up: Duration,
 }
 
 impl Default for HeadConfig {
@@ -42,9 +47,13 @@ impl Default for HeadConfig {
             resubscribe_every: Duration::from_secs(5),
             timeout: Duration::from_secs(10),
             network: "default".to_owned(),
+            catch_up: CATCH_UP,
         }
     }
 }
+
+/// The default of [`HeadConfig::catch_up`]: a block fetch or two from a distant provider.
+pub const CATCH_UP: Duration = Duration::from_secs(2);
 
 /// Where readers follow the chain.
 #[derive(Clone)]
@@ -53,13 +62,21 @@ pub struct HeadFeed {
     pub view: watch::Receiver<Arc<ChainView>>,
     /// New heads and reorgs, after the view that shows them was published.
     pub events: broadcast::Sender<ChainEvent>,
+    /// Blocks answers named above the head, which the watcher fetches and calls wait for.
+    pub seen: Arc<Seen>,
 }
 
 impl HeadFeed {
     /// A feed that never moves, for components used without a head watcher.
     pub fn fixed(view: ChainView) -> (Self, watch::Sender<Arc<ChainView>>) {
         let (tx, rx) = watch::channel(Arc::new(view));
-        (Self { view: rx, events: broadcast::channel(16).0 }, tx)
+        (Self { view: rx, events: broadcast::channel(16).0, seen: Arc::new(Seen::new(CATCH_UP)) }, tx)
+    }
+
+    /// The head as the pipeline of network `network` sees it: one view per call, and what
+    /// the answers it relays teach.
+    pub fn head_view(&self, network: &str) -> HeadView {
+        HeadView::new(self.view.clone(), self.seen.clone(), network)
     }
 }
 
@@ -68,7 +85,9 @@ impl HeadFeed {
 pub fn spawn_head_watcher(upstream: Arc<dyn Upstreams>, ws_urls: Vec<String>, config: HeadConfig) -> HeadFeed {
     let (view_tx, view) = watch::channel(Arc::new(ChainView::default()));
     let (events, _) = broadcast::channel(1024);
+    let seen = Arc::new(Seen::new(config.catch_up));
     let watcher = Watcher {
+        hints: seen.hints(),
         tracker: HeadTracker::new(config.window),
         upstream,
         view_tx,
@@ -77,7 +96,7 @@ pub fn spawn_head_watcher(upstream: Arc<dyn Upstreams>, ws_urls: Vec<String>, co
         backfilled: false,
     };
     tokio::spawn(watcher.run(ws_urls));
-    HeadFeed { view, events }
+    HeadFeed { view, events, seen }
 }
 
 struct Watcher {
@@ -88,6 +107,8 @@ struct Watcher {
     config: HeadConfig,
     /// The window below the first head has been filled.
     backfilled: bool,
+    /// Blocks answers named above the head.
+    hints: watch::Receiver<Option<NamedBlock>>,
 }
 
 impl Watcher {
@@ -134,6 +155,7 @@ impl Watcher {
                     }
                 }
                 _ = safety_net.tick() => self.poll_once().await,
+                Ok(()) = self.hints.changed() => self.follow_hint().await,
             }
         }
         Err("subscription connection closed".into())
@@ -143,11 +165,48 @@ impl Watcher {
         let deadline = tokio::time::Instant::now() + period;
         loop {
             self.poll_once().await;
-            if tokio::time::Instant::now() + self.config.poll_interval > deadline {
-                tokio::time::sleep_until(deadline).await;
+            let next = (tokio::time::Instant::now() + self.config.poll_interval).min(deadline);
+            // Between polls, a block an answer named is fetched at once.
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next) => break,
+                    Ok(()) = self.hints.changed() => self.follow_hint().await,
+                }
+            }
+            if next >= deadline {
                 return;
             }
-            tokio::time::sleep(self.config.poll_interval).await;
+        }
+    }
+
+    /// Fetches the newest block an answer named above the head (by hash when the answer gave
+    /// it), and feeds it: once it links to the tracked chain it is the served head.
+    async fn follow_hint(&mut self) {
+        let Some(block) = self.hints.borrow_and_update().clone() else { return };
+        if self.tracker.latest().is_some_and(|latest| latest >= block.number) {
+            return; // the subscription or a poll brought it meanwhile
+        }
+        let (method, params, needs) = match &block.hash {
+            Some(hash) => (
+                "eth_getBlockByHash",
+                format!(r#"["{hash}",false]"#),
+                BlockNeed::Hash { hash: hash.clone(), number: Some(block.number) },
+            ),
+            None => {
+                ("eth_getBlockByNumber", format!(r#"["{:#x}",false]"#, block.number), BlockNeed::Number(block.number))
+            }
+        };
+        let Ok(params) = RawValue::from_string(params) else { return };
+        let mut call = Call::internal_needing(Request::new(Some(Id::number(1)), method, Some(params)), needs);
+        // A member named it: a `null` from one that has not got it yet is not believed.
+        call.ctx.expect_found = true;
+        let header = match self.upstream.call(&call).await.map(|a| a.outcome) {
+            Ok(Outcome::Result(raw)) => serde_json::from_str::<Header>(raw.get()).ok(),
+            _ => None,
+        };
+        match header {
+            Some(header) => self.ingest(header).await,
+            None => tracing::debug!(number = block.number, "a block an answer named could not be fetched"),
         }
     }
 

@@ -13,6 +13,7 @@
 
 mod batcher;
 mod call;
+pub mod consistency;
 mod error;
 mod heads;
 mod http;
@@ -28,7 +29,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sluice_jsonrpc::{Outcome, Request};
 
-pub use call::{Call, CallCtx, Origin, DEFAULT_NETWORK};
+pub use call::{Call, CallCtx, CallView, Origin, DEFAULT_NETWORK};
+pub use consistency::{Admission, HeadView, Seen};
 pub use error::UpstreamError;
 pub use heads::{spawn_head_watcher, HeadConfig, HeadFeed};
 pub use http::{HttpUpstream, HttpUpstreamConfig};

@@ -92,7 +92,8 @@ impl LogsLayer {
             return None;
         }
         let (from, to) = {
-            let view = self.view.borrow();
+            // The view the call was admitted with; none when it is behind (then not split).
+            let view = call.ctx.view.resolve(&self.view)?;
             (resolve(&view, filter.get("fromBlock"))?, resolve(&view, filter.get("toBlock"))?)
         };
         if from > to || to - from < self.config.max_block_range {

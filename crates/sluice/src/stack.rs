@@ -165,6 +165,7 @@ impl Stack {
         spec.relay = Some(SharedRelay::new(ws_url, primary.timeout, net.subscriptions.client_buffer));
         spec.readiness = Some(upstream);
         spec.status = status;
+        spec.head = feed.as_ref().map(|feed| feed.head_view(&net.id));
         if let Some(mempool) = &mempool {
             feeds.0.push(Arc::new(PendingTransactions(mempool.clone())));
         }

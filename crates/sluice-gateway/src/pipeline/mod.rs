@@ -15,8 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sluice_access::{Caller, Refusal};
+use sluice_chain::BlockNeed;
 use sluice_jsonrpc::{codes, parse_body, write_chunks, ErrorObject, Id, Incoming, Invalid, Outcome, Request, Response};
-use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
+use sluice_upstream::{Admission, Answer, Call, CallView, HeadView, Source, UpstreamError, Upstreams};
 
 pub use reply::{Payload, Refused, Reply, ServedBy};
 
@@ -122,6 +123,8 @@ pub struct Pipeline {
     network: Arc<str>,
     upstreams: Arc<dyn Upstreams>,
     shared: Arc<Shared>,
+    /// The network's head, when it follows one: each call's view, and what answers teach it.
+    head: Option<HeadView>,
 }
 
 impl Pipeline {
@@ -139,7 +142,13 @@ impl Pipeline {
 
     /// The pipeline of `network` over its `upstreams`, sharing admission and access.
     pub fn for_network(network: Arc<str>, upstreams: Arc<dyn Upstreams>, shared: Arc<Shared>) -> Self {
-        Self { network, upstreams, shared }
+        Self { network, upstreams, shared, head: None }
+    }
+
+    /// The same pipeline, giving each call its view of the chain from `head` when it is
+    /// admitted and teaching `head` the blocks its answers name.
+    pub fn with_head(self, head: Option<HeadView>) -> Self {
+        Self { head, ..self }
     }
 
     /// The network's id.
@@ -279,6 +288,14 @@ impl Pipeline {
             served_by = ServedBy::join(served_by, Source::Local);
         }
         if !calls.is_empty() {
+            if let Some(head) = &self.head {
+                // One view for the whole body: a batch is one moment of the chain.
+                let resolves_head = calls.iter().any(|(_, c)| c.ctx.needs == BlockNeed::Head);
+                let view = admitted_view(head, resolves_head, calls[0].1.ctx.deadline).await;
+                for (_, call) in &mut calls {
+                    call.ctx.view = view.clone();
+                }
+            }
             let refs: Vec<&Call> = calls.iter().map(|(_, c)| c).collect();
             let results = if refs.len() == 1 {
                 vec![self.upstreams.call(refs[0]).await]
@@ -319,7 +336,11 @@ impl Pipeline {
         };
         let (id, outcome, source) = match step {
             Step::Local(id, outcome) => (id, outcome, Source::Local),
-            Step::Call(id, call) => {
+            Step::Call(id, mut call) => {
+                if let Some(head) = &self.head {
+                    let resolves_head = call.ctx.needs == BlockNeed::Head;
+                    call.ctx.view = admitted_view(head, resolves_head, call.ctx.deadline).await;
+                }
                 let result = self.upstreams.call(&call).await;
                 let (outcome, source) = self.settle(&call, result);
                 (id, outcome, source)
@@ -373,6 +394,9 @@ impl Pipeline {
 
     /// Step 6 for one call: its outcome and what produced it, counted.
     fn settle(&self, call: &Call, result: Result<Answer, UpstreamError>) -> (Outcome, Source) {
+        if let (Some(head), Ok(answer)) = (&self.head, &result) {
+            head.learn(call.method(), answer);
+        }
         let source = result.as_ref().ok().map(|answer| answer.source.as_str());
         telemetry::count_settled(&self.network, call.method(), outcome_label(&result), source);
         match result {
@@ -399,6 +423,16 @@ enum Step {
     Local(Option<Id>, Outcome),
     /// Sent down the layers: the caller's id and the call.
     Call(Option<Id>, Call),
+}
+
+/// The view a call (or a body's calls) is admitted with: the head's view at once, or, when
+/// the call resolves `latest` while an answer already showed a newer block, that view once it
+/// has the block (bounded by the catch-up time and the call's own deadline).
+async fn admitted_view(head: &HeadView, resolves_head: bool, deadline: Option<std::time::Instant>) -> CallView {
+    match head.admit(resolves_head) {
+        Admission::Now(view) => view,
+        Admission::Wait(number, until) => head.catch_up(number, deadline.map_or(until, |d| d.min(until))).await,
+    }
 }
 
 fn outcome_label(result: &Result<Answer, UpstreamError>) -> &'static str {

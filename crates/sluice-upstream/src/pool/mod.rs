@@ -328,10 +328,14 @@ impl<N: Node> Pool<N> {
         let mut state = self.members[i].state();
         match (outcome, &call.ctx.needs) {
             (Ok(Outcome::Result(_)), BlockNeed::Hash { hash, .. }) => state.learn(hash),
-            (Ok(Outcome::Result(raw)), _) if call.method() == "eth_blockNumber" => {
-                // Its head, as it says itself: no older than what the prober saw.
-                if let Some(n) = sluice_chain::parse_quantity(raw.get().trim_matches('"')) {
-                    state.health.head = Some(state.health.head.map_or(n, |h| h.max(n)));
+            (Ok(Outcome::Result(raw)), _) if sluice_chain::may_name_block(call.method()) => {
+                // A block it named (its `eth_blockNumber`, a receipt's block, a block, logs): it
+                // has that block, so its head is at least there, whatever the prober last saw.
+                if let Some(block) = sluice_chain::named_block(call.method(), raw.get()) {
+                    state.health.head = Some(state.health.head.map_or(block.number, |h| h.max(block.number)));
+                    if let Some(hash) = &block.hash {
+                        state.learn(hash);
+                    }
                 }
             }
             (Ok(Outcome::Error(e)), needs) if needs.is_specific() && is_missing_block(e) => {
