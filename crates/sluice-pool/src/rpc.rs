@@ -8,6 +8,7 @@
 //! | `eth_getTransactionCount(addr, "pending")` | the pool when it holds the sender's transactions, else inner |
 //! | `txpool_status`, `txpool_content`, `txpool_contentFrom`, `txpool_inspect` | the pool (geth's formats) |
 //! | `sluice_getTransactionStatus` | the pool: pending, queued, or why it left |
+//! | `eth_fillTransaction` without a `nonce` | inner, with the pool's pending nonce when it holds the sender's transactions |
 
 use std::sync::Arc;
 
@@ -93,6 +94,37 @@ impl MempoolLayer {
 }
 
 impl MempoolLayer {
+    /// `call` as it goes to the inner layer: see [`MempoolLayer::with_expectation`] and
+    /// [`MempoolLayer::with_pool_nonce`].
+    fn forwarded<'a>(&self, call: &'a Call) -> std::borrow::Cow<'a, Call> {
+        match call.method() {
+            "eth_fillTransaction" => self.with_pool_nonce(call),
+            _ => self.with_expectation(call),
+        }
+    }
+
+    /// `eth_fillTransaction` without a nonce, for a sender whose transactions the pool holds:
+    /// the node would fill in its own pending nonce, which does not count what sluice accepted
+    /// and has not relayed yet (viem fills every transaction this way); the pool's pending
+    /// nonce is the one `eth_getTransactionCount(…, "pending")` answers here.
+    fn with_pool_nonce<'a>(&self, call: &'a Call) -> std::borrow::Cow<'a, Call> {
+        let Ok(Value::Array(mut params)) = serde_json::from_str::<Value>(call.req.params_text()) else {
+            return std::borrow::Cow::Borrowed(call);
+        };
+        let Some(Value::Object(tx)) = params.first_mut() else { return std::borrow::Cow::Borrowed(call) };
+        let sender = tx.get("from").and_then(|from| serde_json::from_value::<Address>(from.clone()).ok());
+        let nonce = match sender {
+            Some(sender) if !tx.contains_key("nonce") => self.mempool.pending_nonce(&sender),
+            _ => None,
+        };
+        let Some(nonce) = nonce else { return std::borrow::Cow::Borrowed(call) };
+        tx.insert("nonce".into(), Value::String(quantity(nonce)));
+        match RawValue::from_string(Value::Array(params).to_string()) {
+            Ok(params) => std::borrow::Cow::Owned(call.with_params(params, call.ctx.needs.clone())),
+            Err(_) => std::borrow::Cow::Borrowed(call),
+        }
+    }
+
     /// `call`, marked as asking for an object that exists when the pool saw the transaction
     /// mined: the pool below then does not believe a `null` from one node (integrity).
     fn with_expectation<'a>(&self, call: &'a Call) -> std::borrow::Cow<'a, Call> {
@@ -131,25 +163,21 @@ impl Upstreams for MempoolLayer {
     {
         // Calls the pool neither answers nor adds an expectation to go down as the inner
         // layer's own future: most calls, and every one of them would otherwise pay a box.
-        if !answers(call.method()) && call.method() != "eth_getTransactionReceipt" {
+        if !answers(call.method()) && !matches!(call.method(), "eth_getTransactionReceipt" | "eth_fillTransaction") {
             return self.inner.call(call);
         }
         Box::pin(async move {
             match self.local(&call.req).await {
                 Some(outcome) => Ok(Answer { outcome, source: Source::Local }),
-                None => self.inner.call(&self.with_expectation(call)).await,
+                None => self.inner.call(&self.forwarded(call)).await,
             }
         })
     }
 
     async fn call_batch(&self, reqs: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let locals = futures_util::future::join_all(reqs.iter().map(|r| self.local(&r.req))).await;
-        let forward: Vec<std::borrow::Cow<'_, Call>> = reqs
-            .iter()
-            .zip(&locals)
-            .filter(|(_, local)| local.is_none())
-            .map(|(r, _)| self.with_expectation(r))
-            .collect();
+        let forward: Vec<std::borrow::Cow<'_, Call>> =
+            reqs.iter().zip(&locals).filter(|(_, local)| local.is_none()).map(|(r, _)| self.forwarded(r)).collect();
         let forward: Vec<&Call> = forward.iter().map(|c| c.as_ref()).collect();
         let mut forwarded =
             if forward.is_empty() { Vec::new() } else { self.inner.call_batch(&forward).await }.into_iter();

@@ -264,3 +264,36 @@ async fn viems_send_wait_and_read_flow_finds_every_log() {
     assert_eq!(rounds.len(), 20, "{stdout}");
     assert!(rounds.iter().all(|l| l.ends_with("found 3 of 3")), "{stdout}");
 }
+
+/// `eth_fillTransaction` (viem fills every transaction with it) picks the pending nonce: the
+/// node's does not count what sluice's mempool accepted and has not relayed yet, so without
+/// the pool's nonce a dapp's next transaction reuses a nonce. Relay off here, so that the
+/// node never hears of the pooled one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eth_fill_transaction_counts_what_the_mempool_holds() {
+    let anvil = Anvil::spawn();
+    let sluice = Sluice::spawn_env(
+        BIN,
+        &["serve", "--listen", "127.0.0.1:0", "--upstream", &anvil.http_url()],
+        &[("SLUICE_MEMPOOL__RELAY", "false")],
+    );
+    let (client, url) = (reqwest::Client::new(), sluice.http_url());
+    let wallet = Wallet::from_hex(DEV_KEY, 31337).unwrap();
+    let to = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8";
+    let sent = rpc(
+        &client,
+        &url,
+        "eth_sendRawTransaction",
+        json!([wallet.transfer(0, to.parse().unwrap(), 1, Fees::default()).hex()]),
+    )
+    .await;
+    assert!(sent.get("error").is_none(), "{sent}");
+    let request = json!([{"from": wallet.address(), "to": to, "value": "0x1"}]);
+    let filled = rpc_result(&client, &url, "eth_fillTransaction", request.clone()).await;
+    assert_eq!(filled["tx"]["nonce"], "0x1", "through sluice: the pool's pending nonce: {filled}");
+    let direct = rpc_result(&client, &anvil.http_url(), "eth_fillTransaction", request).await;
+    assert_eq!(direct["tx"]["nonce"], "0x0", "the node alone does not know the pooled one: {direct}");
+    // A nonce the caller set is the caller's.
+    let own = json!([{"from": wallet.address(), "to": to, "value": "0x1", "nonce": "0x7"}]);
+    assert_eq!(rpc_result(&client, &url, "eth_fillTransaction", own).await["tx"]["nonce"], "0x7");
+}
