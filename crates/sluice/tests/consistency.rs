@@ -163,7 +163,7 @@ async fn after_a_receipt_from_the_member_ahead_latest_is_not_the_laggards() {
     let url = sluice.http_url();
     let wallet = Wallet::from_hex(DEV_KEY, 31337).unwrap();
     let mut seen = Seen::default();
-    for nonce in 0..30u64 {
+    for nonce in 0..60u64 {
         let raw = deploy_tx(&wallet, nonce);
         let timestamp = GENESIS + (nonce + 1) * 12;
         let mine = || async {
@@ -207,7 +207,7 @@ async fn after_a_receipt_from_the_member_ahead_latest_is_not_the_laggards() {
         );
         assert_eq!(a["hash"], b["hash"], "the twins stay one chain");
     }
-    assert_eq!((seen.number_behind, seen.log_missed), (0, 0), "of 30 deploys: {seen:?}");
+    assert_eq!((seen.number_behind, seen.log_missed), (0, 0), "of 60 deploys: {seen:?}");
 }
 
 /// 200 sends in a row, each with the nonce sluice's `eth_getTransactionCount(…, "pending")`
