@@ -36,27 +36,31 @@ pub fn may_name_block(method: &str) -> bool {
     )
 }
 
-/// An object that names its block as transactions, receipts and logs do.
+/// An object that names its block as transactions, receipts and logs do. The fields borrow
+/// from the answer's text (hex has no escapes): a list of logs costs one vector, not two
+/// strings per log.
 #[derive(Deserialize)]
-struct InBlock {
-    #[serde(rename = "blockNumber")]
-    number: Option<String>,
-    #[serde(rename = "blockHash")]
-    hash: Option<String>,
+struct InBlock<'a> {
+    #[serde(rename = "blockNumber", borrow)]
+    number: Option<&'a str>,
+    #[serde(rename = "blockHash", borrow)]
+    hash: Option<&'a str>,
 }
 
 /// A block, by its own fields.
 #[derive(Deserialize)]
-struct Block {
-    number: Option<String>,
-    hash: Option<String>,
+struct Block<'a> {
+    #[serde(borrow)]
+    number: Option<&'a str>,
+    #[serde(borrow)]
+    hash: Option<&'a str>,
 }
 
 /// The highest block the answer `result` (JSON text) of `method` names, if any. A pending
 /// transaction (no block yet), `null` and anything unreadable name none.
 pub fn named_block(method: &str, result: &str) -> Option<NamedBlock> {
-    let named = |number: Option<String>, hash: Option<String>| {
-        Some(NamedBlock { number: parse_quantity(&number?)?, hash: hash.map(|h| h.to_ascii_lowercase()) })
+    let named = |number: Option<&str>, hash: Option<&str>| {
+        Some(NamedBlock { number: parse_quantity(number?)?, hash: hash.map(str::to_ascii_lowercase) })
     };
     match method {
         "eth_getTransactionReceipt"
@@ -71,12 +75,15 @@ pub fn named_block(method: &str, result: &str) -> Option<NamedBlock> {
             let Block { number, hash } = serde_json::from_str::<Option<Block>>(result).ok()??;
             named(number, hash)
         }
-        "eth_getBlockReceipts" | "eth_getLogs" => serde_json::from_str::<Option<Vec<InBlock>>>(result)
-            .ok()??
-            .into_iter()
-            .filter_map(|item| named(item.number, item.hash))
-            .max_by_key(|block| block.number),
-        "eth_blockNumber" => named(serde_json::from_str::<String>(result).ok(), None),
+        "eth_getBlockReceipts" | "eth_getLogs" => {
+            let newest = serde_json::from_str::<Option<Vec<InBlock>>>(result)
+                .ok()??
+                .into_iter()
+                .filter_map(|item| Some((parse_quantity(item.number?)?, item.hash)))
+                .max_by_key(|(number, _)| *number)?;
+            Some(NamedBlock { number: newest.0, hash: newest.1.map(str::to_ascii_lowercase) })
+        }
+        "eth_blockNumber" => named(serde_json::from_str::<&str>(result).ok(), None),
         _ => None,
     }
 }

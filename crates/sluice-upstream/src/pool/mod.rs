@@ -325,13 +325,20 @@ impl<N: Node> Pool<N> {
 
     /// Notes what an answer taught about member `i`.
     fn learn_from(&self, i: usize, call: &Call, outcome: &Result<Outcome, UpstreamError>) {
+        // A block it named (its `eth_blockNumber`, a receipt's block, a block, logs): it has that
+        // block, so its head is at least there, whatever the prober last saw. Read before the
+        // member's lock is taken: an answer can be long.
+        let named = match (outcome, &call.ctx.needs) {
+            (Ok(Outcome::Result(raw)), needs) if !matches!(needs, BlockNeed::Hash { .. }) => {
+                sluice_chain::named_block(call.method(), raw.get())
+            }
+            _ => None,
+        };
         let mut state = self.members[i].state();
         match (outcome, &call.ctx.needs) {
             (Ok(Outcome::Result(_)), BlockNeed::Hash { hash, .. }) => state.learn(hash),
-            (Ok(Outcome::Result(raw)), _) if sluice_chain::may_name_block(call.method()) => {
-                // A block it named (its `eth_blockNumber`, a receipt's block, a block, logs): it
-                // has that block, so its head is at least there, whatever the prober last saw.
-                if let Some(block) = sluice_chain::named_block(call.method(), raw.get()) {
+            (Ok(Outcome::Result(_)), _) if named.is_some() => {
+                if let Some(block) = named {
                     state.health.head = Some(state.health.head.map_or(block.number, |h| h.max(block.number)));
                     if let Some(hash) = &block.hash {
                         state.learn(hash);
