@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use sluice_chain::ChainEvent;
 use sluice_jsonrpc::{Id, Outcome, Request};
 use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot, watch};
 
 use crate::abi::{self, Inner, Target, MULTICALL3};
 use crate::{eligible, AggregateConfig};
@@ -22,6 +22,9 @@ use crate::{eligible, AggregateConfig};
 const MAX_GROUP_BYTES: usize = 96 * 1024;
 /// After a failed look-up of Multicall3's code, how long calls go direct before the next.
 const RECHECK_AFTER: Duration = Duration::from_secs(5);
+/// The longest an eligible call waits for a look-up in flight (one round trip, usually) before
+/// it goes direct.
+const LOOK_UP_WAIT: Duration = Duration::from_secs(2);
 
 /// What is known of Multicall3's code on this network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +56,8 @@ struct Shared {
     inner: Arc<dyn Upstreams>,
     config: AggregateConfig,
     network: String,
-    presence: Mutex<Presence>,
+    /// Watched, so that the calls that meet a look-up in flight wait for its answer.
+    presence: watch::Sender<Presence>,
     /// Groups filling up, by the block parameter's text.
     groups: Mutex<HashMap<Option<String>, Group>>,
     next_group: AtomicU64,
@@ -83,7 +87,7 @@ impl AggregateLayer {
             inner,
             config,
             network: network.to_owned(),
-            presence: Mutex::new(Presence::Unknown { retry_at: None }),
+            presence: watch::Sender::new(Presence::Unknown { retry_at: None }),
             groups: Mutex::new(HashMap::new()),
             next_group: AtomicU64::new(0),
             calls,
@@ -102,7 +106,7 @@ impl AggregateLayer {
                 match event {
                     Ok(ChainEvent::NewHead(_)) => {}
                     Ok(ChainEvent::Reorg { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                        *shared.presence() = Presence::Unknown { retry_at: None };
+                        shared.presence.send_replace(Presence::Unknown { retry_at: None });
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 }
@@ -128,30 +132,38 @@ const OUTCOMES: [&str; 6] = [
 ];
 
 impl Shared {
-    fn presence(&self) -> std::sync::MutexGuard<'_, Presence> {
-        self.presence.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn count(&self, outcome: &'static str, n: usize) {
         if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
             self.calls[i].increment(n as u64);
         }
     }
 
-    /// Whether Multicall3 is known to be here; starts a look-up when nobody knows.
-    fn multicall_present(self: &Arc<Self>) -> bool {
-        let mut presence = self.presence();
-        match *presence {
-            Presence::Present => true,
-            Presence::Absent | Presence::Checking => false,
-            Presence::Unknown { retry_at } => {
-                if retry_at.is_none_or(|at| Instant::now() >= at) {
-                    *presence = Presence::Checking;
-                    tokio::spawn(self.clone().look_up());
-                }
-                false
-            }
+    /// Whether Multicall3 is known to be here. Nobody knows: the call starts a look-up; one is
+    /// in flight: the call waits for it (at most [`LOOK_UP_WAIT`]), so that the first burst of
+    /// calls after a start or a reorg is aggregated too instead of all going direct.
+    async fn multicall_present(self: &Arc<Self>) -> bool {
+        // Known (every call once the look-up answered): a read, nothing else.
+        match *self.presence.borrow() {
+            Presence::Present => return true,
+            Presence::Absent => return false,
+            Presence::Unknown { retry_at: Some(at) } if Instant::now() < at => return false,
+            Presence::Unknown { .. } | Presence::Checking => {}
         }
+        let mut started = false;
+        self.presence.send_if_modified(|presence| match *presence {
+            Presence::Unknown { retry_at } if retry_at.is_none_or(|at| Instant::now() >= at) => {
+                *presence = Presence::Checking;
+                started = true;
+                true
+            }
+            _ => false,
+        });
+        if started {
+            tokio::spawn(self.clone().look_up());
+        }
+        let mut presence = self.presence.subscribe();
+        let known = tokio::time::timeout(LOOK_UP_WAIT, presence.wait_for(|p| *p != Presence::Checking)).await;
+        matches!(known, Ok(Ok(p)) if *p == Presence::Present)
     }
 
     async fn look_up(self: Arc<Self>) {
@@ -172,11 +184,14 @@ impl Shared {
             }
             _ => Presence::Unknown { retry_at: Some(Instant::now() + RECHECK_AFTER) },
         };
-        let mut presence = self.presence();
         // A reorg during the look-up asks for another.
-        if *presence == Presence::Checking {
-            *presence = found;
-        }
+        self.presence.send_if_modified(|presence| {
+            let checking = *presence == Presence::Checking;
+            if checking {
+                *presence = found;
+            }
+            checking
+        });
     }
 
     /// Puts a call into its block's group; the group leaves when its window ends or it is full.
@@ -296,7 +311,7 @@ impl Upstreams for AggregateLayer {
             shared.count("ineligible", 1);
             return shared.inner.call(call).await;
         };
-        if !shared.multicall_present() {
+        if !shared.multicall_present().await {
             shared.count("no_multicall", 1);
             return shared.inner.call(call).await;
         }
@@ -312,7 +327,7 @@ impl Upstreams for AggregateLayer {
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let shared = &self.shared;
         let joins = |c: &&Call| c.method() == "eth_call" && eligible(c.req.params_text()).is_some();
-        if !shared.config.eth_call || !calls.iter().any(joins) || !shared.multicall_present() {
+        if !shared.config.eth_call || !calls.iter().any(joins) || !shared.multicall_present().await {
             return shared.inner.call_batch(calls).await;
         }
         let (mine, rest): (Vec<usize>, Vec<usize>) = (0..calls.len()).partition(|&i| joins(&calls[i]));

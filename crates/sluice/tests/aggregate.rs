@@ -268,3 +268,28 @@ async fn calls_an_aggregate_would_change_and_chains_without_multicall_go_direct(
     assert_eq!(bare_relay.requests_for(MULTICALL3), 1, "only the look-up named Multicall3");
     assert_eq!(counter(&client, &plain.sluice, "no_multicall").await, 21.0);
 }
+
+/// The first calls after a start meet the look-up of Multicall3's code in flight: they wait
+/// for it (one round trip) instead of all going direct. 60 concurrent eligible calls, the first
+/// of sluice's life: fewer than 35 `eth_call` requests reach the node (before: every one of them,
+/// 60), and every answer is the node's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_burst_after_start_waits_for_the_multicall_look_up() {
+    let client = reqwest::Client::new();
+    let code = compile();
+    let anvil = Anvil::spawn();
+    place(&client, &anvil, &code, true).await;
+    let relay =
+        FakeUpstream::spawn(Fault::Relay { to: anvil.http_url(), delay: Duration::ZERO, fail_method: None }).await;
+    let net = sluice_with(&relay.url, &anvil.ws_url());
+    let calls: Vec<Value> = (0..60)
+        .map(|i| call_to(CORPUS, format!("{}{}", selector("echo(uint256)"), word(i + 1)), Some(json!("latest"))))
+        .collect();
+    let before = eth_calls(&relay);
+    let through = all_at_once(&client, &net.sluice.http_url(), &calls).await;
+    let reached = eth_calls(&relay) - before;
+    let direct = all_at_once(&client, &anvil.http_url(), &calls).await;
+    assert_eq!(through, direct, "answers through sluice are the node's own");
+    eprintln!("{reached} of 60 first calls reached the node as eth_call requests");
+    assert!(reached < 35, "{reached} of 60 first calls reached the node as eth_call requests");
+}
