@@ -220,7 +220,7 @@ mod tests {
     fn view() -> ChainView {
         let mut t = HeadTracker::new(32);
         for n in 0..=100 {
-            t.feed(Header { number: n, hash: hash(n), parent_hash: hash(n.saturating_sub(1)) });
+            t.feed(Header::new(n, hash(n), hash(n.saturating_sub(1))));
         }
         t.set_finalized(40);
         t.set_chain_id(31337);
@@ -341,14 +341,10 @@ mod admit_tests {
     fn view(finalized: u64, reorgs: bool) -> ChainView {
         let mut t = HeadTracker::new(8);
         for n in 0..=20 {
-            t.feed(Header {
-                number: n,
-                hash: format!("0x{n:064x}"),
-                parent_hash: format!("0x{:064x}", n.saturating_sub(1)),
-            });
+            t.feed(Header::new(n, format!("0x{n:064x}"), format!("0x{:064x}", n.saturating_sub(1))));
         }
         if reorgs {
-            t.feed(Header { number: 20, hash: format!("0x{:064x}", 999), parent_hash: format!("0x{:064x}", 19) });
+            t.feed(Header::new(20, format!("0x{:064x}", 999), format!("0x{:064x}", 19)));
         }
         t.set_finalized(finalized);
         t.view()

@@ -7,11 +7,13 @@
 //! * [`ChainView`]: an immutable snapshot of the tracker that resolves tags without locks.
 //! * [`named_block`]: the block an answer names (a receipt's, a block's, the newest log's).
 
+mod cadence;
 mod named;
 mod need;
 mod tag;
 mod tracker;
 
+pub use cadence::{Cadence, FinalityClock, FINALITY_EVERY};
 pub use named::{may_name_block, named_block, NamedBlock};
 pub use need::{answers_null_when_unknown, block_position, reads_state, BlockNeed};
 

@@ -7,7 +7,8 @@ use serde::{Deserialize, Deserializer};
 
 use crate::tag::{parse_quantity, BlockTag};
 
-/// The part of a block header the tracker needs.
+/// The part of a block header sluice reads: what the tracker links by, and what the head's
+/// followers use without fetching the block again (a `newHeads` notification carries it all).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Header {
     /// Block number.
@@ -19,6 +20,42 @@ pub struct Header {
     /// Parent block hash, lower-case.
     #[serde(rename = "parentHash", deserialize_with = "lower")]
     pub parent_hash: String,
+    /// Seconds since the epoch, when the header carried it.
+    #[serde(default, deserialize_with = "opt_quantity")]
+    pub timestamp: Option<u64>,
+    /// The block's gas limit, when the header carried it.
+    #[serde(default, rename = "gasLimit", deserialize_with = "opt_quantity")]
+    pub gas_limit: Option<u64>,
+    /// The gas the block used, when the header carried it.
+    #[serde(default, rename = "gasUsed", deserialize_with = "opt_quantity")]
+    pub gas_used: Option<u64>,
+    /// The block's base fee (London on), when the header carried it.
+    #[serde(default, rename = "baseFeePerGas", deserialize_with = "opt_quantity")]
+    pub base_fee: Option<u64>,
+    /// Present from Prague on (EIP-7685).
+    #[serde(default, rename = "requestsHash")]
+    pub requests_hash: Option<String>,
+}
+
+impl Header {
+    /// A header with only what links it: number, hash and parent hash.
+    pub fn new(number: u64, hash: String, parent_hash: String) -> Self {
+        Self {
+            number,
+            hash,
+            parent_hash,
+            timestamp: None,
+            gas_limit: None,
+            gas_used: None,
+            base_fee: None,
+            requests_hash: None,
+        }
+    }
+}
+
+fn opt_quantity<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    // Lenient: a field sluice cannot read is as good as absent (the block is fetched then).
+    Ok(Option::<String>::deserialize(d)?.as_deref().and_then(parse_quantity))
 }
 
 fn quantity<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
@@ -75,6 +112,10 @@ pub struct HeadTracker {
     window: usize,
     safe: Option<u64>,
     finalized: Option<u64>,
+    /// The head when safe and finalized were last read: the tags resolve only at that head.
+    finality_at: Option<u64>,
+    /// The newest header fed, whole.
+    tip: Option<Arc<Header>>,
     epoch: u64,
     chain_id: Option<u64>,
 }
@@ -88,6 +129,8 @@ impl HeadTracker {
             window: window.max(2),
             safe: None,
             finalized: None,
+            finality_at: None,
+            tip: None,
             epoch: 0,
             chain_id: None,
         }
@@ -140,6 +183,9 @@ impl HeadTracker {
     }
 
     fn insert(&mut self, header: Header) {
+        if self.latest().is_none_or(|latest| header.number >= latest) {
+            self.tip = Some(Arc::new(header.clone()));
+        }
         self.blocks.insert(header.number, header.hash);
         self.parents.insert(header.number, header.parent_hash);
         while self.blocks.len() > self.window {
@@ -173,14 +219,16 @@ impl HeadTracker {
         true
     }
 
-    /// Records the node's finalized height (it only moves forward).
+    /// Records the node's finalized height (it only moves forward), read at the current head.
     pub fn set_finalized(&mut self, number: u64) {
         self.finalized = Some(self.finalized.map_or(number, |f| f.max(number)));
+        self.finality_at = self.latest();
     }
 
-    /// Records the node's safe height (it only moves forward).
+    /// Records the node's safe height (it only moves forward), read at the current head.
     pub fn set_safe(&mut self, number: u64) {
         self.safe = Some(self.safe.map_or(number, |s| s.max(number)));
+        self.finality_at = self.latest();
     }
 
     /// A snapshot for readers.
@@ -189,6 +237,8 @@ impl HeadTracker {
             hashes: Arc::new(self.blocks.clone()),
             safe: self.safe,
             finalized: self.finalized,
+            finality_at: self.finality_at,
+            tip: self.tip.clone().filter(|tip| self.blocks.get(&tip.number) == Some(&tip.hash)),
             epoch: self.epoch,
             chain_id: self.chain_id,
         }
@@ -203,6 +253,12 @@ pub struct ChainView {
     pub safe: Option<u64>,
     /// The node's finalized height.
     pub finalized: Option<u64>,
+    /// The head at which `safe` and `finalized` were read. They are always true lower bounds
+    /// (finality only moves forward), but the `safe` and `finalized` tags resolve only while
+    /// this is the head: after, the node may have moved them.
+    pub finality_at: Option<u64>,
+    /// The head's header as it was fed (a notification's carries the fees and gas).
+    pub tip: Option<Arc<Header>>,
     /// Counts reorgs seen; an answer planned in one epoch must not be stored in another.
     pub epoch: u64,
     /// The node's chain id, once known.
@@ -243,6 +299,11 @@ impl ChainView {
         self.hashes.get(&number).map(String::as_str)
     }
 
+    /// Whether `safe` and `finalized` were read at the head this view shows.
+    pub fn finality_is_current(&self) -> bool {
+        self.finality_at.is_some() && self.finality_at == self.latest().map(|(n, _)| n)
+    }
+
     /// True when `number` can never be reorganised.
     pub fn is_finalized(&self, number: u64) -> bool {
         self.finalized.is_some_and(|f| number <= f)
@@ -255,8 +316,8 @@ impl ChainView {
             BlockTag::Hash(hash) => return Resolved::Hash(hash.clone()),
             BlockTag::Pending => return Resolved::Unresolvable,
             BlockTag::Latest => self.latest().map(|(n, _)| n),
-            BlockTag::Safe => self.safe,
-            BlockTag::Finalized => self.finalized,
+            BlockTag::Safe => self.safe.filter(|_| self.finality_is_current()),
+            BlockTag::Finalized => self.finalized.filter(|_| self.finality_is_current()),
             BlockTag::Earliest => Some(0),
             BlockTag::Number(n) => Some(*n),
         };
@@ -282,11 +343,7 @@ mod tests {
     fn h(number: u64, fork: char) -> Header {
         let hash = |n: u64, f: char| format!("0x{f}{n:063x}");
         let parent_fork = if number == 0 { 'a' } else { fork };
-        Header {
-            number,
-            hash: hash(number, fork),
-            parent_hash: if number == 0 { hash(0, 'z') } else { hash(number - 1, parent_fork) },
-        }
+        Header::new(number, hash(number, fork), if number == 0 { hash(0, 'z') } else { hash(number - 1, parent_fork) })
     }
 
     fn chain(t: &mut HeadTracker, range: std::ops::RangeInclusive<u64>, fork: char) {
@@ -380,6 +437,41 @@ mod tests {
         let mut unfinalized = HeadTracker::new(4);
         chain(&mut unfinalized, 0..=20, 'a');
         assert_eq!(unfinalized.view().resolve(&BlockTag::Number(3)), Resolved::Unresolvable, "no hash, not final");
+    }
+
+    #[test]
+    fn safe_and_finalized_resolve_only_at_the_head_they_were_read_at() {
+        let mut t = HeadTracker::new(8);
+        chain(&mut t, 0..=20, 'a');
+        t.set_finalized(10);
+        t.set_safe(15);
+        assert!(t.view().finality_is_current());
+        chain(&mut t, 21..=21, 'a');
+        let v = t.view();
+        assert!(!v.finality_is_current(), "the node may have moved them with block 21");
+        assert_eq!(v.resolve(&BlockTag::Finalized), Resolved::Unresolvable, "goes to the node as sent");
+        assert_eq!(v.resolve(&BlockTag::Safe), Resolved::Unresolvable);
+        assert!(v.is_finalized(10), "still a true lower bound for what can never change");
+    }
+
+    #[test]
+    fn the_view_carries_the_head_header_as_fed() {
+        let mut t = HeadTracker::new(8);
+        let text = r#"{"number":"0x5","hash":"0xa5","parentHash":"0xa4","timestamp":"0x10","gasLimit":"0x1c9c380",
+            "gasUsed":"0x5208","baseFeePerGas":"0x7","stateRoot":"0x00"}"#;
+        let header: Header = serde_json::from_str(text).expect("a header");
+        t.feed(header.clone());
+        let tip = t.view().tip.expect("the head's header");
+        assert_eq!(
+            (tip.base_fee, tip.gas_limit, tip.gas_used, tip.timestamp),
+            (Some(7), Some(30_000_000), Some(21_000), Some(16))
+        );
+        // A header that only links (a parent fetched below the head) does not replace it.
+        t.feed(Header::new(4, "0xa4".into(), "0xa3".into()));
+        assert_eq!(t.view().tip.map(|h| h.number), Some(5));
+        // A reorg at the head replaces it.
+        t.feed(Header::new(5, "0xb5".into(), "0xa4".into()));
+        assert_eq!(t.view().tip.map(|h| h.hash.clone()), Some("0xb5".to_owned()));
     }
 
     #[test]

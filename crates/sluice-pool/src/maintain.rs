@@ -3,7 +3,9 @@
 //! * each new block: its transactions' senders that the pool knows get their nonces advanced
 //!   (their mined transactions leave, the next queued ones are promoted), the base fee for the
 //!   next block is set (held transactions are released when it allows), the block gas limit
-//!   updated;
+//!   updated. While the pool is empty no block can mine a pooled transaction: the head feed's
+//!   own header (its gas and base fee) is applied, and nothing is fetched — an idle mempool
+//!   costs the provider no call;
 //! * a reorg: the senders' nonces are read again from the new chain, and the transactions the
 //!   dropped blocks had mined are re-validated into the pool;
 //! * a timer drops queued transactions past their lifetime.
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use alloy_eips::eip1559::BaseFeeParams;
 use alloy_primitives::Address;
 use serde::Deserialize;
-use sluice_chain::{parse_quantity, ChainEvent};
+use sluice_chain::{parse_quantity, ChainEvent, Header};
 use sluice_jsonrpc::Outcome;
 use sluice_upstream::{Answer, Call, Upstreams};
 use tokio::sync::{broadcast, oneshot};
@@ -69,10 +71,22 @@ impl Block {
 
     /// The base fee of the block after this one (0 before London).
     fn next_base_fee(&self) -> u128 {
-        let Some(base_fee) = self.base_fee.as_deref().and_then(parse_quantity) else { return 0 };
-        let used = parse_quantity(&self.gas_used).unwrap_or(0);
-        alloy_eips::calc_next_block_base_fee(used, self.gas_limit(), base_fee, BaseFeeParams::ethereum()) as u128
+        let base_fee = self.base_fee.as_deref().and_then(parse_quantity);
+        next_base_fee(base_fee, parse_quantity(&self.gas_used).unwrap_or(0), self.gas_limit())
     }
+}
+
+/// The base fee of the block after one with `base_fee`, `used` and `limit` (0 before London).
+fn next_base_fee(base_fee: Option<u64>, used: u64, limit: u64) -> u128 {
+    let Some(base_fee) = base_fee else { return 0 };
+    alloy_eips::calc_next_block_base_fee(used, limit, base_fee, BaseFeeParams::ethereum()) as u128
+}
+
+/// What a block that mined no pooled transaction changes, read from the head feed's header:
+/// the gas limit, Prague, the next base fee. `None` when the header lacks its gas fields.
+fn from_header(header: &Header) -> Option<(u64, bool, u128)> {
+    let (limit, used) = (header.gas_limit?, header.gas_used?);
+    Some((limit, header.requests_hash.is_some(), next_base_fee(header.base_fee, used, limit)))
 }
 
 /// Reads the chain id and the latest block.
@@ -112,6 +126,16 @@ pub(crate) async fn run(core: Arc<Core>, mut events: broadcast::Receiver<ChainEv
         tokio::select! {
             event = events.recv() => match event {
                 Ok(ChainEvent::NewHead(head)) => {
+                    if core.snapshot().senders.is_empty() {
+                        if let Some(tip) = core.state.tip().filter(|tip| tip.number == head) {
+                            if let Some(Ok(gone)) = core.on_quiet_block(&tip).await {
+                                // Nothing pooled, nothing mined: the blocks up to it need no read.
+                                mined.insert(head, gone);
+                                next = head + 1;
+                                continue;
+                            }
+                        }
+                    }
                     next = next.max(head.saturating_sub(DEPTH - 1));
                     while next <= head {
                         match core.on_block(next).await {
@@ -163,23 +187,40 @@ impl Core {
                 *entry = (*entry).max(nonce);
             }
         }
-        let (gas_limit, prague) = (block.gas_limit(), block.requests_hash.is_some());
+        self.set_block_rules(block.gas_limit(), block.requests_hash.is_some());
+        self.apply(number, advanced.into_iter().collect(), block.next_base_fee()).await.map(Some)
+    }
+
+    /// Applies a block while the pool is empty, from its header: `None` when the header lacks
+    /// what is needed (then the block is fetched).
+    async fn on_quiet_block(&self, header: &Header) -> Option<Result<Vec<Arc<Pooled>>, String>> {
+        let (gas_limit, prague, base_fee) = from_header(header)?;
+        self.set_block_rules(gas_limit, prague);
+        Some(self.apply(header.number, Vec::new(), base_fee).await)
+    }
+
+    /// The rules a block changes: its gas limit, and whether Prague is active.
+    fn set_block_rules(&self, gas_limit: u64, prague: bool) {
         if let Some(rules) = self.rules.load_full().filter(|r| r.block_gas_limit != gas_limit || r.prague != prague) {
             self.rules.store(Some(Arc::new(Rules { block_gas_limit: gas_limit, prague, ..Rules::clone(&rules) })));
         }
+    }
+
+    /// Hands block `number` to the writer; the pooled transactions it mined.
+    async fn apply(
+        &self,
+        number: u64,
+        advanced: Vec<(Address, u64)>,
+        base_fee: u128,
+    ) -> Result<Vec<Arc<Pooled>>, String> {
         let (reply, gone) = oneshot::channel();
-        let command = Command::Block {
-            number,
-            advanced: advanced.into_iter().collect(),
-            base_fee: Some(block.next_base_fee()),
-            reply,
-        };
+        let command = Command::Block { number, advanced, base_fee: Some(base_fee), reply };
         self.commands.send(command).map_err(|_| "the mempool writer stopped".to_owned())?;
         let gone = gone.await.map_err(|_| "the mempool writer stopped".to_owned())?;
         if !gone.is_empty() {
             tracing::debug!(block = number, mined = gone.len(), "pooled transactions mined");
         }
-        Ok(Some(gone))
+        Ok(gone)
     }
 
     /// After a reorg: re-read every pooled sender's nonce from the new chain, then re-validate
@@ -198,5 +239,39 @@ impl Core {
         metrics::counter!("sluice_mempool_reinjected_total", "network" => self.config.network.clone())
             .increment(back as u64);
         tracing::info!(dropped = count, back_in_pool = back, "reorg: re-validated the dropped blocks' transactions");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(json: &str) -> Header {
+        serde_json::from_str(json).expect("a header")
+    }
+
+    #[test]
+    fn a_quiet_block_is_applied_from_the_header_the_head_feed_has() {
+        let links = r#""number":"0x10","hash":"0xaa","parentHash":"0xbb""#;
+        let full = header(&format!(
+            r#"{{{links},"gasLimit":"0x1c9c380","gasUsed":"0x1c9c380","baseFeePerGas":"0x3b9aca00"}}"#
+        ));
+        // A full block: the next base fee rises by an eighth, as a fetched block would say.
+        let (limit, prague, base_fee) = from_header(&full).expect("enough to apply");
+        assert_eq!((limit, prague), (30_000_000, false));
+        assert_eq!(base_fee, 1_125_000_000);
+        let block = Block {
+            number: "0x10".into(),
+            gas_limit: "0x1c9c380".into(),
+            gas_used: "0x1c9c380".into(),
+            base_fee: Some("0x3b9aca00".into()),
+            requests_hash: None,
+            transactions: Vec::new(),
+        };
+        assert_eq!(base_fee, block.next_base_fee());
+        let prague = header(&format!(r#"{{{links},"gasLimit":"0x1","gasUsed":"0x0","requestsHash":"0x00"}}"#));
+        assert_eq!(from_header(&prague), Some((1, true, 0)), "before London: no base fee");
+        // A header without its gas fields (a node that sends less): the block is fetched.
+        assert_eq!(from_header(&header(&format!("{{{links}}}"))), None);
     }
 }

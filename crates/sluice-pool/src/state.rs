@@ -71,6 +71,12 @@ impl StateReader {
         Self { upstream, cache: Arc::default(), head, timeout }
     }
 
+    /// The newest header the head feed has (what a block that mined no pooled transaction
+    /// needs to be applied from, without fetching it).
+    pub(crate) fn tip(&self) -> Option<Arc<sluice_chain::Header>> {
+        self.head.borrow().tip.clone()
+    }
+
     /// The current head's key: height and reorg epoch (a reorg back to the same height is
     /// another head).
     fn head(&self) -> (u64, u64) {

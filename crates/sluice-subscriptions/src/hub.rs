@@ -373,7 +373,7 @@ mod tests {
 
     fn header(number: u64) -> Header {
         let hash = |n: u64| format!("0x{:064x}", n);
-        Header { number, hash: hash(number), parent_hash: hash(number.wrapping_sub(1)) }
+        Header::new(number, hash(number), hash(number.wrapping_sub(1)))
     }
 
     // The block mined right after the first subscription, before the hub's task first runs,

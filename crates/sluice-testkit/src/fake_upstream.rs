@@ -183,6 +183,12 @@ impl FakeUpstream {
         self.bodies.lock().unwrap().iter().filter(|b| b.to_ascii_lowercase().contains(&needle)).count()
     }
 
+    /// The method of every JSON-RPC call that arrived, in order: each call of a batch counts,
+    /// as a provider's meter counts them.
+    pub fn methods(&self) -> Vec<String> {
+        self.bodies.lock().unwrap().iter().flat_map(|b| crate::methods_in(b)).collect()
+    }
+
     /// How many requests arrived.
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)

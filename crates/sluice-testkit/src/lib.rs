@@ -342,3 +342,14 @@ pub async fn metric(client: &reqwest::Client, base: &str, series: &str) -> Optio
     let text = client.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?;
     text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }
+
+/// The method of each JSON-RPC call in a request body (a single call or a batch); nothing for
+/// text that is not JSON-RPC.
+pub(crate) fn methods_in(text: &str) -> Vec<String> {
+    let method = |v: &Value| v["method"].as_str().map(str::to_owned);
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Array(items)) => items.iter().filter_map(method).collect(),
+        Ok(v) => method(&v).into_iter().collect(),
+        Err(_) => Vec::new(),
+    }
+}

@@ -15,6 +15,7 @@ pub struct WsRelay {
     /// `ws://127.0.0.1:PORT`.
     pub url: String,
     subscribes: Arc<AtomicUsize>,
+    methods: Arc<std::sync::Mutex<Vec<String>>>,
     open: Arc<AtomicUsize>,
     cut: watch::Sender<u64>,
     accept: tokio::task::JoinHandle<()>,
@@ -27,11 +28,12 @@ impl WsRelay {
         let url = format!("ws://{}", listener.local_addr().expect("an address"));
         let (subscribes, open) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (cut, cut_rx) = watch::channel(0u64);
-        let (counter, gauge, upstream) = (subscribes.clone(), open.clone(), upstream.to_owned());
+        let methods = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (counter, gauge, upstream, log) = (subscribes.clone(), open.clone(), upstream.to_owned(), methods.clone());
         let accept = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                let (counter, gauge, upstream, mut cut) =
-                    (counter.clone(), gauge.clone(), upstream.clone(), cut_rx.clone());
+                let (counter, gauge, upstream, mut cut, log) =
+                    (counter.clone(), gauge.clone(), upstream.clone(), cut_rx.clone(), log.clone());
                 tokio::spawn(async move {
                     let Ok(client) = tokio_tungstenite::accept_async(tcp).await else { return };
                     let Ok((node, _)) = tokio_tungstenite::connect_async(upstream.as_str()).await else { return };
@@ -45,6 +47,7 @@ impl WsRelay {
                                 Some(Ok(m)) => {
                                     if let Message::Text(text) = &m {
                                         counter.fetch_add(subscribes_in(text), Ordering::SeqCst);
+                                        log.lock().expect("not poisoned").extend(crate::methods_in(text));
                                     }
                                     if node_tx.send(m).await.is_err() { break }
                                 }
@@ -61,12 +64,17 @@ impl WsRelay {
                 });
             }
         });
-        WsRelay { url, subscribes, open, cut, accept }
+        WsRelay { url, subscribes, methods, open, cut, accept }
     }
 
     /// `eth_subscribe` calls relayed to the node so far.
     pub fn subscribes(&self) -> usize {
         self.subscribes.load(Ordering::SeqCst)
+    }
+
+    /// The method of every call relayed to the node so far, in order (each call of a batch).
+    pub fn methods(&self) -> Vec<String> {
+        self.methods.lock().expect("not poisoned").clone()
     }
 
     /// Connections open through the relay now.

@@ -73,9 +73,19 @@ impl CallView {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
     /// A client of the gateway.
-    Client,
+    Client = 0,
     /// sluice itself: the head watcher, the mempool's state reads and relay, probes.
-    Internal,
+    Internal = 1,
+}
+
+impl Origin {
+    /// Its label in metrics: `client` or `internal`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Internal => "internal",
+        }
+    }
 }
 
 /// The network of a single-network sluice.

@@ -164,7 +164,7 @@ mod tests {
     }
 
     fn header(number: u64) -> Header {
-        Header { number, hash: format!("0x{number:064x}"), parent_hash: format!("0x{:064x}", number.wrapping_sub(1)) }
+        Header::new(number, format!("0x{number:064x}"), format!("0x{:064x}", number.wrapping_sub(1)))
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! The head feed: follows the node's chain and publishes it to the cache and the pool.
 //!
-//! A task subscribes to `newHeads` over the node's WebSocket and feeds each header to the pure
-//! [`HeadTracker`]. Without a WebSocket, or while the subscription is down, it polls `latest`
-//! instead and tries the WebSocket again every few seconds. Missing parents (gaps, reorgs) are
-//! fetched by hash. After each head it refreshes the node's safe and finalized heights.
+//! A task subscribes to `newHeads` over the node's WebSocket and feeds each header, as the
+//! notification carries it, to the pure [`HeadTracker`]; it polls `latest` only when no
+//! notification came for about two blocks. Without a WebSocket, or while the subscription is
+//! down, it polls `latest` when the next block is due ([`Cadence`], the chain's pace learned from
+//! the heads seen) and tries the WebSocket again, less and less often. Missing parents (gaps,
+//! reorgs) are fetched by hash. The node's safe and finalized heights are read once an epoch
+//! ([`FinalityClock`]). What it learns that the pool can use instead of probing (a member's
+//! own head, the chain's pace) it hands to the pool.
 //! A block that an answer relayed to a client named above the head ([`Seen`]) is fetched at
 //! once, so that the client's next reads are not answered from before it.
 //!
@@ -15,9 +19,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::value::RawValue;
-use sluice_chain::{parse_quantity, BlockNeed, ChainEvent, ChainView, Feed, HeadTracker, Header, NamedBlock};
+use sluice_chain::{
+    parse_quantity, BlockNeed, Cadence, ChainEvent, ChainView, Feed, FinalityClock, HeadTracker, Header, NamedBlock,
+};
 use sluice_jsonrpc::{Id, Outcome, Request};
 use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
 
 use crate::{Call, HeadView, Seen, UpstreamSocket, Upstreams};
 
@@ -26,7 +33,9 @@ use crate::{Call, HeadView, Seen, UpstreamSocket, Upstreams};
 pub struct HeadConfig {
     /// Recent blocks remembered (height → hash).
     pub window: usize,
-    /// How often to poll `latest` when there is no subscription.
+    /// How often `latest` is polled at most while there is no subscription: the poll comes
+    /// when the next block is due (the chain's pace, learned), then this often (or a quarter
+    /// of a block, when shorter) until it shows.
     pub poll_interval: Duration,
     /// How often to try the WebSocket again while polling.
     pub resubscribe_every: Duration,
@@ -81,8 +90,13 @@ impl HeadFeed {
 }
 
 /// Starts following the chain of `upstream` (calls) and `ws_urls` (subscriptions, tried in
-/// turn: when the socket that announces heads dies, the next one takes over).
-pub fn spawn_head_watcher(upstream: Arc<dyn Upstreams>, ws_urls: Vec<String>, config: HeadConfig) -> HeadFeed {
+/// turn: when the socket that announces heads dies, the next one takes over). Each socket is
+/// named as its member is in the pool, which is told the heads it announces.
+pub fn spawn_head_watcher(
+    upstream: Arc<dyn Upstreams>,
+    ws_urls: Vec<(String, String)>,
+    config: HeadConfig,
+) -> HeadFeed {
     let (view_tx, view) = watch::channel(Arc::new(ChainView::default()));
     let (events, _) = broadcast::channel(1024);
     let seen = Arc::new(Seen::new(config.catch_up));
@@ -92,6 +106,9 @@ pub fn spawn_head_watcher(upstream: Arc<dyn Upstreams>, ws_urls: Vec<String>, co
         upstream,
         view_tx,
         events: events.clone(),
+        cadence: Cadence::new(config.poll_interval),
+        finality: FinalityClock::default(),
+        polled: None,
         config,
         backfilled: false,
     };
@@ -109,28 +126,43 @@ struct Watcher {
     backfilled: bool,
     /// Blocks answers named above the head.
     hints: watch::Receiver<Option<NamedBlock>>,
+    /// The chain's pace: when to poll, how long a subscription may be silent.
+    cadence: Cadence,
+    /// When `safe` and `finalized` are read again.
+    finality: FinalityClock,
+    /// When the head was last polled.
+    polled: Option<std::time::Instant>,
 }
 
+/// The longest wait between attempts to subscribe again, while following by polling.
+const MAX_RESUBSCRIBE: Duration = Duration::from_secs(60);
+
 impl Watcher {
-    async fn run(mut self, ws_urls: Vec<String>) {
+    async fn run(mut self, ws_urls: Vec<(String, String)>) {
         let mut next = 0;
+        let mut wait = self.config.resubscribe_every;
         loop {
             // One round over the sockets, starting after the last one that failed; polling
             // through the pool (which fails over) covers the time in between.
             for _ in 0..ws_urls.len() {
-                let url = &ws_urls[next % ws_urls.len()];
-                if let Err(why) = self.follow_subscription(url).await {
-                    tracing::warn!(%why, %url, "newHeads subscription unavailable");
+                let (member, url) = &ws_urls[next % ws_urls.len()];
+                match self.follow_subscription(url, member).await {
+                    Ok(()) => wait = self.config.resubscribe_every,
+                    Err(why) => tracing::warn!(%why, %url, "newHeads subscription unavailable"),
                 }
                 next += 1;
-                self.poll_once().await;
             }
-            self.poll_for(self.config.resubscribe_every).await;
+            self.poll_for(wait).await;
+            // A member without a WebSocket is asked less and less often.
+            wait = (wait * 2).min(MAX_RESUBSCRIBE.max(self.config.resubscribe_every));
         }
     }
 
-    /// Follows `newHeads` until the subscription ends.
-    async fn follow_subscription(&mut self, url: &str) -> Result<(), String> {
+    /// Follows `newHeads` of member `member` until the subscription ends; `Ok` when it had
+    /// subscribed. Each notification is the header itself: nothing is fetched for it but the
+    /// parents of a gap or a reorg. The head is polled only when no notification came for
+    /// about two blocks (a node that skipped one, a socket stalled without closing).
+    async fn follow_subscription(&mut self, url: &str, member: &str) -> Result<(), String> {
         let (socket, mut notifications) =
             UpstreamSocket::connect(url, self.config.timeout).await.map_err(|e| e.to_string())?;
         let params = RawValue::from_string(r#"["newHeads"]"#.into()).ok();
@@ -140,32 +172,45 @@ impl Watcher {
             Err(e) => return Err(e.to_string()),
         }
         tracing::info!("following newHeads");
-        self.poll_once().await; // the head as of now, before the first notification
-                                // A safety net: some nodes do not announce every head (anvil's reorgs, for one), so the
-                                // head is also polled, slowly, while subscribed.
-        let mut safety_net = tokio::time::interval(self.config.poll_interval);
-        safety_net.tick().await;
+        if self.tracker.latest().is_none() {
+            self.poll_once().await; // the head as of now, before the first notification
+        }
+        let mut silent_until = Instant::now() + self.cadence.silence_limit();
         loop {
             tokio::select! {
                 event = notifications.recv() => {
                     let Some(event) = event else { break };
                     match serde_json::from_str::<Header>(event.result.get()) {
-                        Ok(header) => self.ingest(header).await,
+                        Ok(header) => {
+                            self.upstream.member_head(member, header.number, &header.hash);
+                            self.ingest(header).await;
+                        }
                         Err(e) => tracing::warn!(error = %e, "newHeads sent an unreadable header"),
                     }
+                    silent_until = Instant::now() + self.cadence.silence_limit();
                 }
-                _ = safety_net.tick() => self.poll_once().await,
+                _ = tokio::time::sleep_until(silent_until) => {
+                    tracing::debug!("no newHeads notification for two blocks; polling the head");
+                    self.poll_once().await;
+                    silent_until = Instant::now() + self.cadence.silence_limit();
+                }
                 Ok(()) = self.hints.changed() => self.follow_hint().await,
             }
         }
-        Err("subscription connection closed".into())
+        Ok(())
     }
 
+    /// Follows the chain by polling for `period`: when the next block is due, then a little
+    /// apart while it is late ([`Cadence::next_poll`]).
     async fn poll_for(&mut self, period: Duration) {
-        let deadline = tokio::time::Instant::now() + period;
+        let deadline = Instant::now() + period;
         loop {
-            self.poll_once().await;
-            let next = (tokio::time::Instant::now() + self.config.poll_interval).min(deadline);
+            let due = self.polled.map_or(Instant::now(), |at| Instant::from_std(self.cadence.next_poll(at)));
+            if due <= Instant::now() {
+                self.poll_once().await;
+                continue;
+            }
+            let next = due.min(deadline);
             // Between polls, a block an answer named is fetched at once.
             loop {
                 tokio::select! {
@@ -211,6 +256,7 @@ impl Watcher {
     }
 
     async fn poll_once(&mut self) {
+        self.polled = Some(std::time::Instant::now());
         if self.tracker.view().chain_id.is_none() {
             if let Some(id) = self.fetch("eth_chainId", "[]").await.and_then(|v| v.as_str().and_then(parse_quantity)) {
                 self.tracker.set_chain_id(id);
@@ -259,9 +305,18 @@ impl Watcher {
             self.backfilled = true;
             self.backfill().await;
         }
-        self.refresh_finality().await;
+        let latest = self.tracker.latest();
+        if let Some(latest) = latest {
+            let pace = self.cadence.interval();
+            self.cadence.saw(latest, std::time::Instant::now());
+            if let Some(interval) = self.cadence.interval().filter(|t| Some(*t) != pace) {
+                self.upstream.block_interval(interval);
+            }
+            if self.finality.due(latest) {
+                self.refresh_finality(latest).await;
+            }
+        }
         let view = Arc::new(self.tracker.view());
-        let latest = view.latest().map(|(n, _)| n);
         self.view_tx.send_replace(view);
         if let Some(fork_point) = fork_point {
             tracing::info!(fork_point, "reorg");
@@ -312,7 +367,9 @@ impl Watcher {
         }
     }
 
-    async fn refresh_finality(&mut self) {
+    /// Reads `safe` and `finalized` (at head `head`). Between reads the view keeps them as
+    /// lower bounds, and the tags go to the node as sent ([`ChainView::finality_is_current`]).
+    async fn refresh_finality(&mut self, head: u64) {
         let finalized = RawValue::from_string(r#"["finalized",false]"#.into()).ok();
         let safe = RawValue::from_string(r#"["safe",false]"#.into()).ok();
         let calls = [
@@ -327,12 +384,14 @@ impl Watcher {
             },
             Err(_) => None,
         };
-        if let Some(n) = number(0) {
+        let (finalized, safe) = (number(0), number(1));
+        if let Some(n) = finalized {
             self.tracker.set_finalized(n);
         }
-        if let Some(n) = number(1) {
+        if let Some(n) = safe {
             self.tracker.set_safe(n);
         }
+        self.finality.read(head, safe, finalized);
     }
 
     async fn fetch_header(&self, params: &str, method: &str) -> Option<Header> {

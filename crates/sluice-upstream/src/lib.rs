@@ -56,6 +56,15 @@ pub trait Upstreams: Send + Sync + 'static {
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         futures_util::future::join_all(calls.iter().map(|c| self.call(c))).await
     }
+
+    /// Member `member` (by name) announced head `number` (`hash`) on its own, e.g. in a
+    /// `newHeads` notification: the pool need not read that member's head itself. Layers
+    /// ignore it; the pool records it.
+    fn member_head(&self, _member: &str, _number: u64, _hash: &str) {}
+
+    /// The chain's pace as the head feed learned it: the pool reads the heads of members it
+    /// hears nothing from about once a block, not more often.
+    fn block_interval(&self, _interval: Duration) {}
 }
 
 /// One upstream node as the pool sees it: a name, a deadline, and a way to send calls.

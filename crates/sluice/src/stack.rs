@@ -78,7 +78,13 @@ impl Stack {
         let primary = configs.first().ok_or_else(|| anyhow::anyhow!("{}upstreams: none configured", net.prefix))?;
         let (first_url, ws_url) = primary.endpoints().map_err(anyhow::Error::msg)?;
         // Every upstream's WebSocket, in order: the head feed moves to the next when one dies.
-        let ws_urls = configs.iter().filter_map(|c| c.endpoints().ok().map(|(_, ws)| ws)).collect::<Vec<String>>();
+        // Named as the pool names them: a notification is that member's head, not probed again.
+        let ws_urls = pool
+            .member_names()
+            .into_iter()
+            .zip(&configs)
+            .filter_map(|(name, c)| c.endpoints().ok().map(|(_, ws)| (name, ws)))
+            .collect::<Vec<(String, String)>>();
         let upstreams = configs.len();
         // The pool in force, replaced whole by a reload; every layer above keeps its place.
         let live = Arc::new(LivePool::new(pool));

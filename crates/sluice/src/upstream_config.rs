@@ -21,7 +21,9 @@ pub struct PoolSection {
     /// How long an open circuit waits before a probe.
     #[serde(with = "humantime_serde")]
     pub breaker_cooldown: Duration,
-    /// How often each upstream's head is read.
+    /// How often the prober looks at the upstreams: it reads the head of those it has not
+    /// heard from otherwise (their `newHeads`, the head feed's poll, an answer) within about a
+    /// block and a half, and of those whose circuit is open.
     #[serde(with = "humantime_serde")]
     pub probe_interval: Duration,
     /// When to send a slow call to a second upstream too: "p95" (its recent p95, at least
@@ -44,7 +46,9 @@ pub struct PoolSection {
     /// When the budget store fails: let calls through (true, the default; the local budgets
     /// still hold) or refuse them with -32005 (false).
     pub budget_store_fail_open: bool,
-    /// How often each upstream's lowest blocks (state, chain data) are searched for again.
+    /// How often each upstream's lowest blocks (state, chain data) are searched for again
+    /// (a few dozen calls; in between the bounds move up with the head and "missing block"
+    /// answers raise them).
     #[serde(with = "humantime_serde")]
     pub range_probe_interval: Duration,
     /// Integrity checks on answers, each on by default (see docs/upstreams.md).

@@ -228,7 +228,9 @@ impl<N: Node> Pool<N> {
         call: &Call,
         deadline: tokio::time::Instant,
     ) -> (Result<Outcome, UpstreamError>, usize, Option<usize>) {
-        let one = |i: usize| async move { self.exchange_by(i, &[&call.req], Some(deadline)).await.remove(0) };
+        let one = |i: usize| async move {
+            self.exchange_by(i, &[&call.req], Some(deadline), call.ctx.origin).await.remove(0)
+        };
         self.hedges.lock().unwrap_or_else(|e| e.into_inner()).on_call();
         let delay = self.config.hedge.delay(&self.members[first].state().recent);
         let (Some(delay), Some(second)) = (delay, second) else { return (one(first).await, first, None) };

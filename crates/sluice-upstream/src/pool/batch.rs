@@ -9,7 +9,7 @@ use sluice_jsonrpc::{Outcome, RawValue, Request};
 use super::attempt::Attempts;
 use super::classify::is_already_known;
 use super::{Node, Pool};
-use crate::{Answer, Call, UpstreamError, Upstreams};
+use crate::{Answer, Call, Origin, UpstreamError, Upstreams};
 
 /// Groups of calls for member `i`, as (member, indices into the batch).
 type Groups = BTreeMap<usize, Vec<usize>>;
@@ -25,6 +25,15 @@ pub(super) fn group(next: impl IntoIterator<Item = (usize, Option<usize>)>) -> (
         }
     }
     (groups, none)
+}
+
+/// The origin a batch is counted under: a client's when any of its calls is (batches are a
+/// client's or sluice's own; the two do not mix in practice).
+fn origin_of<'a>(mut calls: impl Iterator<Item = &'a Call>) -> Origin {
+    match calls.any(|c| c.ctx.origin == Origin::Client) {
+        true => Origin::Client,
+        false => Origin::Internal,
+    }
 }
 
 /// Pure: cut `len` calls into chunks of at most `max` (at least 1).
@@ -81,7 +90,7 @@ impl<N: Node> Pool<N> {
             }
             let exchanges = groups.into_iter().map(|(member, members_calls)| async move {
                 let reqs: Vec<&Request> = members_calls.iter().map(|&c| &calls[c].req).collect();
-                let outcomes = self.send_group(member, &reqs).await;
+                let outcomes = self.send_group(member, &reqs, origin_of(members_calls.iter().map(|&c| calls[c]))).await;
                 (member, members_calls, outcomes)
             });
             let round = futures_util::future::join_all(exchanges);
@@ -108,24 +117,35 @@ impl<N: Node> Pool<N> {
 
     /// Sends one member its group: chunks of at most `max_batch` (or what the node accepted),
     /// at once; a chunk the node refuses as too large is halved and sent again.
-    async fn send_group(&self, member: usize, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
+    async fn send_group(
+        &self,
+        member: usize,
+        reqs: &[&Request],
+        origin: Origin,
+    ) -> Vec<Result<Outcome, UpstreamError>> {
         if !self.members[member].state().breaker.allow(Instant::now()) {
             return vec![Err(UpstreamError::NoneAvailable); reqs.len()];
         }
         let limit = self.members[member].state().batch_limit.unwrap_or(self.members[member].max_batch);
         let parts = chunks(reqs.len(), limit);
-        let sent =
-            futures_util::future::join_all(parts.iter().map(|range| self.send_chunk(member, &reqs[range.clone()])));
+        let sent = futures_util::future::join_all(
+            parts.iter().map(|range| self.send_chunk(member, &reqs[range.clone()], origin)),
+        );
         sent.await.into_iter().flatten().collect()
     }
 
-    async fn send_chunk(&self, member: usize, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
+    async fn send_chunk(
+        &self,
+        member: usize,
+        reqs: &[&Request],
+        origin: Origin,
+    ) -> Vec<Result<Outcome, UpstreamError>> {
         let mut out = Vec::with_capacity(reqs.len());
         // Ranges still to send, first to last.
         let mut todo = Vec::with_capacity(4);
         todo.push(0..reqs.len());
         while let Some(range) = todo.pop() {
-            let outcomes = self.exchange(member, &reqs[range.clone()]).await;
+            let outcomes = self.exchange(member, &reqs[range.clone()], origin).await;
             let refused = range.len() > 1 && outcomes.iter().all(|o| matches!(o, Err(UpstreamError::BatchRefused)));
             if refused {
                 let half = range.len() / 2;
@@ -152,7 +172,9 @@ impl<N: Node> Pool<N> {
             (0..self.members.len()).filter(|&i| self.members[i].state().breaker.would_allow(now)).collect();
         let targets = if open.is_empty() { (0..self.members.len()).collect() } else { open };
         let reqs: Vec<&Request> = calls.iter().map(|c| &c.req).collect();
-        let per_member = futures_util::future::join_all(targets.iter().map(|&m| self.send_group(m, &reqs))).await;
+        let origin = origin_of(calls.iter().copied());
+        let per_member =
+            futures_util::future::join_all(targets.iter().map(|&m| self.send_group(m, &reqs, origin))).await;
         // Per transaction, the best answer any member gave: accepted or already known, then the
         // node's refusal (nonce too low, …), then node trouble.
         let rank = |o: &Result<Outcome, UpstreamError>| match o {

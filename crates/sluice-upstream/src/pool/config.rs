@@ -31,7 +31,9 @@ pub struct PoolConfig {
     pub breaker_threshold: u32,
     /// How long an open circuit stays open before a probe.
     pub breaker_cooldown: Duration,
-    /// How often each member's head is read.
+    /// How often the prober looks at the members: it reads the head of those whose head it
+    /// has not learned otherwise within about a block and a half, and of those whose circuit
+    /// is open.
     pub probe_interval: Duration,
     /// When to send a slow call to a second member as well.
     pub hedge: HedgeAfter,
@@ -53,6 +55,8 @@ pub struct PoolConfig {
     /// Methods put to a vote of several members.
     pub consensus: Vec<ConsensusRule>,
     /// How often each member's lowest blocks are searched for again (a few dozen calls each).
+    /// Between searches the bounds move up with the head, and answers of "missing block"
+    /// raise them.
     pub range_probe_interval: Duration,
 }
 
@@ -74,7 +78,7 @@ impl Default for PoolConfig {
             shared_budget: None,
             integrity: IntegrityConfig::default(),
             consensus: Vec::new(),
-            range_probe_interval: Duration::from_secs(300),
+            range_probe_interval: Duration::from_secs(6 * 3600),
         }
     }
 }

@@ -144,7 +144,7 @@ impl<N: Node> Pool<N> {
             if !self.members[i].state().breaker.allow(Instant::now()) {
                 return (i, Err(UpstreamError::NoneAvailable));
             }
-            (i, self.exchange(i, &[&call.req]).await.remove(0))
+            (i, self.exchange(i, &[&call.req], call.ctx.origin).await.remove(0))
         };
         let mut asked = FuturesUnordered::new();
         for i in order.by_ref().take(rule.ask) {

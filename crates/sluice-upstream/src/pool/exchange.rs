@@ -9,26 +9,33 @@ use tokio::sync::TryAcquireError;
 use tracing::Instrument;
 
 use super::{is_rate_limited, judge_error, InFlight, Pool, Verdict};
-use crate::{Node, UpstreamError};
+use crate::{Node, Origin, UpstreamError};
 
 impl<N: Node> Pool<N> {
     /// One exchange with member `i`, within its concurrency limit and budgets, updating its
     /// health, latency window and circuit. Calls the budgets cannot cover come back
     /// [`UpstreamError::BudgetExhausted`] without being sent.
-    pub(super) async fn exchange(&self, i: usize, reqs: &[&Request]) -> Vec<Result<Outcome, UpstreamError>> {
-        self.exchange_by(i, reqs, None).await
+    pub(super) async fn exchange(
+        &self,
+        i: usize,
+        reqs: &[&Request],
+        origin: Origin,
+    ) -> Vec<Result<Outcome, UpstreamError>> {
+        self.exchange_by(i, reqs, None, origin).await
     }
 
     /// [`Self::exchange`] ending by `deadline`: every wait (a concurrency slot, the rate's
     /// queue, the shared budget) and the send itself. The node's own timeout is cut to the time
     /// left, so one timer bounds both (no second timer around the exchange); a send cut short
     /// by the deadline counts as cancelled, not against the node's health. Past the deadline,
-    /// calls come back [`UpstreamError::Timeout`].
+    /// calls come back [`UpstreamError::Timeout`]. The calls sent are counted under `origin`
+    /// (`sluice_upstream_calls_total`), as the provider's meter counts them.
     pub(super) async fn exchange_by(
         &self,
         i: usize,
         reqs: &[&Request],
         deadline: Option<tokio::time::Instant>,
+        origin: Origin,
     ) -> Vec<Result<Outcome, UpstreamError>> {
         let member = &self.members[i];
         let late = || vec![Err(UpstreamError::Timeout(self.config.deadline)); reqs.len()];
@@ -72,6 +79,7 @@ impl<N: Node> Pool<N> {
             if timeout.is_zero() {
                 return late();
             }
+            member.calls[origin as usize].increment(sent.len() as u64);
             member.state().health.in_flight += 1;
             let in_flight = InFlight(member);
             // One span per exchange with a member: its `traceparent` goes to the node.

@@ -24,6 +24,10 @@ impl<N: Node> LivePool<N> {
 
     /// Puts `pool` in force for the calls that start from now on.
     pub fn replace(&self, pool: Arc<Pool<N>>) {
+        // The chain's pace is the chain's, not the pool's: the new pool knows it at once.
+        if let Some(interval) = self.current().block_interval() {
+            pool.set_block_interval(interval);
+        }
         self.current.store(pool);
     }
 
@@ -42,5 +46,13 @@ impl<N: Node> Upstreams for LivePool<N> {
 
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         self.current().answer_batch(calls).await
+    }
+
+    fn member_head(&self, member: &str, number: u64, hash: &str) {
+        self.current().member_head(member, number, hash);
+    }
+
+    fn block_interval(&self, interval: std::time::Duration) {
+        self.current().set_block_interval(interval);
     }
 }

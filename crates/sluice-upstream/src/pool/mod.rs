@@ -58,7 +58,7 @@ pub use live::LivePool;
 pub use order::{order, MemberView, Order, Rules};
 pub use range::{Data, History};
 
-use crate::{Answer, Call, HttpUpstream, Node, UpstreamError, Upstreams};
+use crate::{Answer, Call, HttpUpstream, Node, Origin, UpstreamError, Upstreams};
 use state::State;
 
 /// The longest a head-bound call waits for the first round of head probes after a start.
@@ -75,6 +75,8 @@ struct Member<N> {
     limits: (Option<f64>, Option<u64>),
     /// `network:name`, its budgets' key in the shared store.
     budget_key: String,
+    /// Calls sent to it, by [`Origin`] (`sluice_upstream_calls_total`), registered once.
+    calls: [metrics::Counter; 2],
     state: Mutex<State>,
 }
 
@@ -105,6 +107,8 @@ pub struct Pool<N: Node = HttpUpstream> {
     served_number: AtomicU64,
     /// True once the prober has read every member's head once (at once without a prober).
     heads_read: tokio::sync::watch::Sender<bool>,
+    /// The chain's pace in milliseconds, as the head feed learned it (0: not known yet).
+    pace_ms: AtomicU64,
 }
 
 impl<N: Node> Pool<N> {
@@ -138,6 +142,10 @@ impl<N: Node> Pool<N> {
             .into_iter()
             .map(|m| Member {
                 budget_key: format!("{}:{}", config.network, m.client.name()),
+                calls: [Origin::Client, Origin::Internal].map(|origin| {
+                    metrics::counter!("sluice_upstream_calls_total", "network" => config.network.clone(),
+                        "upstream" => m.client.name().to_owned(), "origin" => origin.as_str())
+                }),
                 node: m.client,
                 tier: m.tier,
                 weight: m.weight,
@@ -163,6 +171,7 @@ impl<N: Node> Pool<N> {
             refreshed: tokio::sync::Mutex::new(None),
             served_number: AtomicU64::new(0),
             heads_read: tokio::sync::watch::Sender::new(true),
+            pace_ms: AtomicU64::new(0),
         }
     }
 
@@ -171,9 +180,36 @@ impl<N: Node> Pool<N> {
         if let Some(m) = self.members.get(member) {
             let mut state = m.state();
             state.health.head = Some(number);
+            state.heard = Some(Instant::now());
             if let Some(hash) = hash {
                 state.learn(hash);
             }
+        }
+    }
+
+    /// Records the head member `name` announced on its own (a `newHeads` notification).
+    pub fn member_head(&self, name: &str, number: u64, hash: &str) {
+        if let Some(i) = self.members.iter().position(|m| m.node.name() == name) {
+            self.set_head(i, number, Some(hash));
+        }
+    }
+
+    /// The members' names, in order.
+    pub fn member_names(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.node.name().to_owned()).collect()
+    }
+
+    /// Sets the chain's pace (see [`Upstreams::block_interval`]).
+    pub fn set_block_interval(&self, interval: Duration) {
+        let ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.pace_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The chain's pace, once the head feed has learned it.
+    pub fn block_interval(&self) -> Option<Duration> {
+        match self.pace_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
         }
     }
 
@@ -339,6 +375,10 @@ impl<N: Node> Pool<N> {
             (Ok(Outcome::Result(_)), BlockNeed::Hash { hash, .. }) => state.learn(hash),
             (Ok(Outcome::Result(_)), _) if named.is_some() => {
                 if let Some(block) = named {
+                    if state.health.head.is_none_or(|h| block.number >= h) {
+                        // Its head, or past it: as good as a probe of its head.
+                        state.heard = Some(Instant::now());
+                    }
                     state.health.head = Some(state.health.head.map_or(block.number, |h| h.max(block.number)));
                     if let Some(hash) = &block.hash {
                         state.learn(hash);
@@ -407,6 +447,14 @@ impl<N: Node> Upstreams for Pool<N> {
 
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         self.answer_batch(calls).await
+    }
+
+    fn member_head(&self, member: &str, number: u64, hash: &str) {
+        Pool::member_head(self, member, number, hash);
+    }
+
+    fn block_interval(&self, interval: Duration) {
+        self.set_block_interval(interval);
     }
 }
 

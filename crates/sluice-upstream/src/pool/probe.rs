@@ -1,13 +1,20 @@
-//! The prober: reads every member's head (number and hash) each interval; it doubles as the
-//! half-open probe that lets a recovered member back in without client traffic.
+//! The prober: reads the head (number and hash) of each member nothing else told it about
+//! lately; it doubles as the half-open probe that lets a recovered member back in without
+//! client traffic.
+//!
+//! It looks every `probe_interval`, but a member whose head was learned within about a block
+//! and a half (its `newHeads` notification, the head feed's poll, an answer naming its head) is
+//! not asked: on an idle deployment the members the head feed follows cost no probe at all, and
+//! the others one per block or so ([`wants_probe`]).
 
 use std::sync::Weak;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_chain::parse_quantity;
 use sluice_jsonrpc::{Id, Outcome, RawValue, Request};
 
 use super::{Circuit, Data, Node, Pool};
+use crate::Origin;
 
 /// The head as a probe reads it.
 #[derive(serde::Deserialize)]
@@ -25,11 +32,31 @@ pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>) {
     loop {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
-        let probes = (0..pool.members.len()).map(|i| probe_one(&pool, i));
+        let now = Instant::now();
+        let fresh = freshness(interval, pool.block_interval());
+        let due: Vec<usize> = (0..pool.members.len())
+            .filter(|&i| {
+                let state = pool.members[i].state();
+                wants_probe(state.breaker.state(now), state.heard, now, fresh)
+            })
+            .collect();
+        let probes = due.into_iter().map(|i| probe_one(&pool, i));
         futures_util::future::join_all(probes).await;
         pool.heads_read.send_replace(true);
         publish(&pool);
     }
+}
+
+/// How long a member's head stays as good as probed: a block and a half (so that a member
+/// announcing every block is never asked, whatever the jitter), at least one probe interval.
+pub(super) fn freshness(probe_interval: Duration, pace: Option<Duration>) -> Duration {
+    pace.map_or(probe_interval, |pace| probe_interval.max(pace + pace / 2))
+}
+
+/// Whether the prober asks a member: always while its circuit is not closed (the probe is
+/// what closes it), otherwise when its head was not learned within `fresh`.
+pub(super) fn wants_probe(circuit: Circuit, heard: Option<Instant>, now: Instant, fresh: Duration) -> bool {
+    circuit != Circuit::Closed || heard.is_none_or(|at| now.saturating_duration_since(at) >= fresh)
 }
 
 /// Sets each member's gauges (what `/status` shows), once per probe round, so that a dashboard
@@ -97,7 +124,7 @@ pub(super) async fn probe_one<N: Node>(pool: &Pool<N>, i: usize) {
     if !member.state().breaker.allow(Instant::now()) {
         return;
     }
-    let head = match pool.exchange(i, &[&request]).await.pop() {
+    let head = match pool.exchange(i, &[&request], Origin::Internal).await.pop() {
         Some(Ok(Outcome::Result(raw))) => serde_json::from_str::<Head>(raw.get())
             .ok()
             .and_then(|h| Some((parse_quantity(&h.number)?, h.hash.to_ascii_lowercase()))),
@@ -105,5 +132,33 @@ pub(super) async fn probe_one<N: Node>(pool: &Pool<N>, i: usize) {
     };
     if let Some((number, hash)) = &head {
         pool.set_head(i, *number, Some(hash));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_heard_from_within_a_block_and_a_half_is_not_probed() {
+        let now = Instant::now();
+        let block = Duration::from_secs(12);
+        let fresh = freshness(Duration::from_secs(1), Some(block));
+        assert_eq!(fresh, Duration::from_secs(18));
+        let heard = |ago: u64| Some(now - Duration::from_secs(ago));
+        assert!(!wants_probe(Circuit::Closed, heard(12), now, fresh));
+        assert!(!wants_probe(Circuit::Closed, heard(17), now, fresh));
+        assert!(wants_probe(Circuit::Closed, heard(18), now, fresh));
+        assert!(wants_probe(Circuit::Closed, None, now, fresh), "never heard of: probed");
+        assert!(wants_probe(Circuit::Open, heard(0), now, fresh), "an open circuit is probed to close it");
+        assert!(wants_probe(Circuit::HalfOpen, heard(0), now, fresh));
+    }
+
+    #[test]
+    fn without_a_known_pace_the_probe_interval_rules() {
+        let interval = Duration::from_secs(1);
+        assert_eq!(freshness(interval, None), interval);
+        // A chain faster than the probe interval: not probed more often than the interval.
+        assert_eq!(freshness(interval, Some(Duration::from_millis(250))), interval);
     }
 }

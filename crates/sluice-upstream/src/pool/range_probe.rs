@@ -11,6 +11,7 @@ use sluice_jsonrpc::{Id, Outcome, RawValue, Request};
 use super::classify::is_missing_block;
 use super::range::{Data, Search};
 use super::{Circuit, Node, Pool};
+use crate::Origin;
 
 /// Whether the member has block `n`'s `data`: `None` when it could not tell (node trouble).
 async fn has<N: Node>(pool: &Pool<N>, i: usize, data: Data, n: u64) -> Option<bool> {
@@ -24,7 +25,7 @@ async fn has<N: Node>(pool: &Pool<N>, i: usize, data: Data, n: u64) -> Option<bo
         Data::Blocks => "eth_getBlockByNumber",
     };
     let request = Request::new(Some(Id::number(1)), method, RawValue::from_string(params).ok());
-    match pool.exchange(i, &[&request]).await.pop()? {
+    match pool.exchange(i, &[&request], Origin::Internal).await.pop()? {
         Ok(Outcome::Result(raw)) => Some(raw.get() != "null"),
         Ok(Outcome::Error(e)) if is_missing_block(&e) => Some(false),
         _ => None,

@@ -35,6 +35,9 @@ pub(super) struct State {
     pub(super) cordoned_until: Option<Instant>,
     /// Times it was cordoned.
     pub(super) cordons: u64,
+    /// When its head was last learned (a probe, a notification, an answer naming its head):
+    /// the prober leaves it alone for about a block after.
+    pub(super) heard: Option<Instant>,
 }
 
 /// Whether a member's budgets allow a call now.
@@ -71,6 +74,7 @@ impl State {
             dissent_streak: 0,
             cordoned_until: None,
             cordons: 0,
+            heard: None,
         }
     }
 

@@ -119,7 +119,9 @@ pub struct CacheConfig {
     pub window: usize,
     /// Concurrent identical misses share one upstream call.
     pub coalesce: bool,
-    /// How often to poll the head when the upstream has no newHeads subscription.
+    /// Without a newHeads subscription the head is polled when the next block is due (the
+    /// chain's pace, learned), then this often (or every quarter block, when shorter) until
+    /// it shows.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     /// Optional shared tier.
