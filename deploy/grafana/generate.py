@@ -66,6 +66,9 @@ ROWS = [
             (f'sum(rate(sluice_pool_hedge_wins_total[{RATE}]))', "hedge wins")]),
     ]),
     ("Upstream economy", [
+        ("Calls a provider meters, by origin (internal: sluice's own)", "reqps", [
+            (f'sum by (upstream, origin) (rate(sluice_upstream_metered_calls_total{{{NET}}}[{RATE}]))',
+             "{{upstream}} {{origin}}")]),
         ("Multicall3 aggregation: calls by outcome", "reqps", [
             (f'sum by (outcome) (rate(sluice_aggregate_calls_total{{{NET}}}[{RATE}]))', "{{outcome}}")]),
         ("Aggregates sent", "reqps", [

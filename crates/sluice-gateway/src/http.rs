@@ -270,13 +270,18 @@ async fn serve_upgrade(
     })
 }
 
-/// Ready when, on every network, an upstream answers `eth_chainId` within two seconds; the
-/// body names the networks that are not. Not ready once shutdown has started.
+/// Ready when, on every network, an upstream showed it is up lately (an answer, a head it
+/// announced) or answers `eth_chainId` within two seconds; the body names the networks that
+/// are not. Not ready once shutdown has started. A readiness probe every few seconds costs a
+/// metered provider nothing while the chain is followed.
 async fn ready(State(state): State<AppState>) -> Response {
     if state.gateway.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining: shutting down\n").into_response();
     }
     let probes = state.gateway.networks().iter().map(|network| async move {
+        if network.readiness.recently_alive() {
+            return None;
+        }
         let probe = Call::internal("eth_chainId", None);
         match tokio::time::timeout(Duration::from_secs(2), network.readiness.call(&probe)).await {
             Ok(Ok(answer)) if !answer.outcome.is_error() => None,

@@ -65,6 +65,12 @@ pub trait Upstreams: Send + Sync + 'static {
     /// The chain's pace as the head feed learned it: the pool reads the heads of members it
     /// hears nothing from about once a block, not more often.
     fn block_interval(&self, _interval: Duration) {}
+
+    /// True when a member showed it is up lately (a healthy answer, a `newHeads`
+    /// notification): what a readiness check can answer without a call. Layers say no.
+    fn recently_alive(&self) -> bool {
+        false
+    }
 }
 
 /// One upstream node as the pool sees it: a name, a deadline, and a way to send calls.

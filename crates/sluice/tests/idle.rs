@@ -104,6 +104,18 @@ async fn idle_with_a_websocket_member_costs_at_most_a_fifth_of_a_call_per_block(
         (unannounced as u64) <= blocks + SETTLE.as_secs() / 2,
         "{unannounced} calls to the member without a websocket in {blocks} blocks and the settle time"
     );
+
+    // Readiness probes (a load balancer's, every few seconds) are answered from the heads the
+    // member announces: they cost the provider nothing.
+    let before: usize = calls().iter().map(Vec::len).sum();
+    for _ in 0..20 {
+        let ready = client.get(format!("{}/ready", net.sluice.http_url())).send().await.expect("ready");
+        assert_eq!(ready.status(), 200);
+    }
+    let after = calls();
+    let chain_ids = after.iter().flatten().filter(|m| *m == "eth_chainId").count();
+    let added: usize = after.iter().map(Vec::len).sum::<usize>() - before;
+    assert!(added <= 2, "20 readiness probes made {added} upstream calls ({chain_ids} eth_chainId in all)");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -125,7 +137,7 @@ async fn idle_with_an_http_only_member_costs_at_most_one_and_a_half_calls_per_bl
     // sluice counts its own calls as the provider's meter does, apart from its clients'.
     let base = net.sluice.http_url();
     let series = |origin: &str| {
-        format!(r#"sluice_upstream_calls_total{{network="default",upstream="upstream-0",origin="{origin}"}} "#)
+        format!(r#"sluice_upstream_metered_calls_total{{network="default",upstream="upstream-0",origin="{origin}"}} "#)
     };
     let internal = series("internal");
     let mut agreed = None;

@@ -14,6 +14,10 @@
 //!   client under that client's subscription id, from the client's own task: what delivering a
 //!   notification to N sockets costs at least (`sluice bench ws` against it).
 //!
+//! * `sluice-baseline count --to URL`: a counting relay for `bench/idle.sh`: forwards like
+//!   `forward` and counts JSON-RPC calls by method (each call of a batch, as a provider's meter
+//!   does); `GET /count` answers `{"calls": N, "methods": {...}}`. Not a baseline: a meter.
+//!
 //! Each prints `baseline listening on http://ADDR` once it accepts connections.
 
 use std::convert::Infallible;
@@ -67,6 +71,12 @@ enum What {
         /// parsing), for generators that check ids; without it the bytes are sent as they are.
         #[arg(long)]
         echo_id: bool,
+    },
+    /// Forward like `forward`, counting JSON-RPC calls by method; `GET /count` reports them.
+    Count {
+        /// The node, `http://HOST:PORT`.
+        #[arg(long)]
+        to: String,
     },
     /// Fan the node's newHeads (and the bench emitter's logs) out to every WebSocket client.
     Fanout {
@@ -144,6 +154,41 @@ async fn main() -> anyhow::Result<()> {
             })
             .await
         }
+        What::Count { to } => {
+            let uri: hyper::Uri = to.parse()?;
+            let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+            let counts = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<String, u64>::new()));
+            let state = Arc::new((client, uri, counts));
+            serve(listener, move |req: Request<Incoming>| {
+                let state = state.clone();
+                async move {
+                    let (client, uri, counts) = &*state;
+                    if req.method() == hyper::Method::GET && req.uri().path() == "/count" {
+                        let counts = counts.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        let calls: u64 = counts.values().sum();
+                        let report = serde_json::json!({ "calls": calls, "methods": counts });
+                        return Ok::<_, Infallible>(json(Bytes::from(report.to_string())));
+                    }
+                    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                    {
+                        let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
+                        for method in methods_in(&body) {
+                            *counts.entry(method).or_default() += 1;
+                        }
+                    }
+                    let forwarded = Request::post(uri.clone())
+                        .header(CONTENT_TYPE, "application/json")
+                        .body(Full::new(body))
+                        .expect("a request");
+                    let answer = match client.request(forwarded).await {
+                        Ok(response) => response.into_body().collect().await.map(|b| b.to_bytes()).ok(),
+                        Err(_) => None,
+                    };
+                    Ok::<_, Infallible>(answer.map_or_else(bad_gateway, json))
+                }
+            })
+            .await
+        }
         What::Fanout { node } => fanout::run(listener, &node).await,
         What::Fixed { echo_id, .. } => {
             let body = fixed_body;
@@ -161,6 +206,16 @@ async fn main() -> anyhow::Result<()> {
             })
             .await
         }
+    }
+}
+
+/// The method of each JSON-RPC call in a request body (one call or a batch).
+fn methods_in(body: &[u8]) -> Vec<String> {
+    let method = |v: &serde_json::Value| v["method"].as_str().map(str::to_owned);
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Array(items)) => items.iter().filter_map(method).collect(),
+        Ok(v) => method(&v).into_iter().collect(),
+        Err(_) => Vec::new(),
     }
 }
 

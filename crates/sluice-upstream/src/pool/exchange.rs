@@ -29,7 +29,7 @@ impl<N: Node> Pool<N> {
     /// left, so one timer bounds both (no second timer around the exchange); a send cut short
     /// by the deadline counts as cancelled, not against the node's health. Past the deadline,
     /// calls come back [`UpstreamError::Timeout`]. The calls sent are counted under `origin`
-    /// (`sluice_upstream_calls_total`), as the provider's meter counts them.
+    /// (`sluice_upstream_metered_calls_total`), as the provider's meter counts them.
     pub(super) async fn exchange_by(
         &self,
         i: usize,
@@ -121,6 +121,7 @@ impl<N: Node> Pool<N> {
                     .increment(1);
                 }
                 None if healthy => {
+                    state.alive = Some(now);
                     state.adaptive.accepted(sent.len(), now);
                     state.recent.push(took);
                     state.breaker.on_success();

@@ -55,4 +55,8 @@ impl<N: Node> Upstreams for LivePool<N> {
     fn block_interval(&self, interval: std::time::Duration) {
         self.current().set_block_interval(interval);
     }
+
+    fn recently_alive(&self) -> bool {
+        self.current().recently_alive()
+    }
 }

@@ -61,6 +61,9 @@ pub use range::{Data, History};
 use crate::{Answer, Call, HttpUpstream, Node, Origin, UpstreamError, Upstreams};
 use state::State;
 
+/// How recent a member's sign of life must be, at least, for the pool to count as up.
+const ALIVE_FOR: Duration = Duration::from_secs(10);
+
 /// The longest a head-bound call waits for the first round of head probes after a start.
 const FIRST_HEADS_WAIT: Duration = Duration::from_secs(2);
 
@@ -75,7 +78,7 @@ struct Member<N> {
     limits: (Option<f64>, Option<u64>),
     /// `network:name`, its budgets' key in the shared store.
     budget_key: String,
-    /// Calls sent to it, by [`Origin`] (`sluice_upstream_calls_total`), registered once.
+    /// Calls sent to it, by [`Origin`] (`sluice_upstream_metered_calls_total`), registered once.
     calls: [metrics::Counter; 2],
     state: Mutex<State>,
 }
@@ -143,7 +146,7 @@ impl<N: Node> Pool<N> {
             .map(|m| Member {
                 budget_key: format!("{}:{}", config.network, m.client.name()),
                 calls: [Origin::Client, Origin::Internal].map(|origin| {
-                    metrics::counter!("sluice_upstream_calls_total", "network" => config.network.clone(),
+                    metrics::counter!("sluice_upstream_metered_calls_total", "network" => config.network.clone(),
                         "upstream" => m.client.name().to_owned(), "origin" => origin.as_str())
                 }),
                 node: m.client,
@@ -191,7 +194,20 @@ impl<N: Node> Pool<N> {
     pub fn member_head(&self, name: &str, number: u64, hash: &str) {
         if let Some(i) = self.members.iter().position(|m| m.node.name() == name) {
             self.set_head(i, number, Some(hash));
+            self.members[i].state().alive = Some(Instant::now());
         }
+    }
+
+    /// True when a member whose circuit is closed showed it is up within the last two blocks
+    /// (at least [`ALIVE_FOR`]): a readiness check needs no call of its own then.
+    pub fn recently_alive(&self) -> bool {
+        let now = Instant::now();
+        let within = self.block_interval().map_or(ALIVE_FOR, |pace| ALIVE_FOR.max(pace * 2));
+        self.members.iter().any(|m| {
+            let state = m.state();
+            state.breaker.state(now) == Circuit::Closed
+                && state.alive.is_some_and(|at| now.saturating_duration_since(at) < within)
+        })
     }
 
     /// The members' names, in order.
@@ -455,6 +471,10 @@ impl<N: Node> Upstreams for Pool<N> {
 
     fn block_interval(&self, interval: Duration) {
         self.set_block_interval(interval);
+    }
+
+    fn recently_alive(&self) -> bool {
+        Pool::recently_alive(self)
     }
 }
 

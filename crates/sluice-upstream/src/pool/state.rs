@@ -38,6 +38,8 @@ pub(super) struct State {
     /// When its head was last learned (a probe, a notification, an answer naming its head):
     /// the prober leaves it alone for about a block after.
     pub(super) heard: Option<Instant>,
+    /// Its last sign of life: a healthy exchange, a head it announced.
+    pub(super) alive: Option<Instant>,
 }
 
 /// Whether a member's budgets allow a call now.
@@ -75,6 +77,7 @@ impl State {
             cordoned_until: None,
             cordons: 0,
             heard: None,
+            alive: None,
         }
     }
 
