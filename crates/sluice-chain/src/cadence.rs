@@ -5,8 +5,7 @@
 //! chain does; one that knows the chain makes a block every `T` asks once per block, at the
 //! time the next one is due. [`Cadence`] learns `T` (the median of recent gaps, so a missed
 //! slot or a burst does not swing it) and answers three questions: how long a subscription may
-//! stay silent before the head is polled, when to poll next when there is no subscription, and
-//! how often an idle member needs a probe. [`FinalityClock`] says when `safe` and `finalized`
+//! stay silent before the head is polled, and when to poll next when there is no subscription. [`FinalityClock`] says when `safe` and `finalized`
 //! can have moved.
 
 use std::collections::VecDeque;
@@ -74,9 +73,13 @@ impl Cadence {
     /// When to poll next without a subscription, having last polled at `polled`: one interval
     /// after the newest head was seen (when the next block is due), then, while it is late,
     /// every quarter interval (at most the configured poll interval) — about one call per
-    /// block, and a block is seen within that gap of its arrival.
+    /// block, and a block is seen within that gap of its arrival. A chain without a beat
+    /// ([`Self::regular`]) is polled every configured interval.
     pub fn next_poll(&self, polled: Instant) -> Instant {
         let (Some(t), Some((_, seen))) = (self.interval(), self.last) else { return polled + self.poll };
+        if !self.regular() {
+            return polled + self.poll;
+        }
         let due = seen + t;
         if polled < due {
             due
@@ -85,10 +88,14 @@ impl Cadence {
         }
     }
 
-    /// How often a member nobody called needs a probe: once a block, never more often than
-    /// `floor` (the configured probe interval).
-    pub fn probe_every(&self, floor: Duration) -> Duration {
-        self.interval().map_or(floor, |t| t.max(floor))
+    /// Whether blocks come on a beat: a quarter of the recent gaps are at least half the
+    /// median. A post-merge chain (a missed slot now and then) is regular; a devnet that
+    /// mines when a transaction comes is not, and a block due "one interval after the last"
+    /// can come at any time.
+    fn regular(&self) -> bool {
+        let mut sorted: Vec<Duration> = self.gaps.iter().copied().collect();
+        sorted.sort();
+        sorted.len() >= 2 && sorted[sorted.len() / 4] * 2 >= sorted[sorted.len() / 2]
     }
 }
 
@@ -184,8 +191,26 @@ mod tests {
             idle.saw(n, start + Duration::from_secs(n * 600));
         }
         assert_eq!(idle.interval(), Some(MAX_INTERVAL));
-        assert_eq!(idle.probe_every(ms(1000)), MAX_INTERVAL);
-        assert_eq!(burst.probe_every(ms(1000)), ms(1000), "the configured floor");
+    }
+
+    #[test]
+    fn a_chain_without_a_beat_is_polled_at_the_configured_interval() {
+        let start = Instant::now();
+        // A devnet mining on demand: gaps of 1, 30, 2, 45, 3 and 60 seconds.
+        let mut c = Cadence::new(ms(1000));
+        let mut at = start;
+        for (n, gap) in [0, 1, 30, 2, 45, 3, 60].into_iter().enumerate() {
+            at += Duration::from_secs(gap);
+            c.saw(n as u64, at);
+        }
+        assert_eq!(c.next_poll(at), at + ms(1000), "a block can come at any time");
+        // A post-merge chain with a missed slot: still on its beat.
+        let mut beat = Cadence::new(ms(1000));
+        for (n, slot) in [0, 1, 2, 4, 5, 6].into_iter().enumerate() {
+            beat.saw(n as u64, start + Duration::from_secs(slot * 12));
+        }
+        let seen = start + Duration::from_secs(72);
+        assert_eq!(beat.next_poll(seen), seen + Duration::from_secs(12));
     }
 
     #[test]
