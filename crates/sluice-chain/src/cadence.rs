@@ -54,6 +54,22 @@ impl Cadence {
         }
     }
 
+    /// Learns the pace from the chain's own timestamps (seconds): `(number, timestamp)` of
+    /// consecutive recent blocks, in any order, e.g. the window backfilled at start. The gaps
+    /// between neighbours stand in until gaps seen live replace them.
+    pub fn seed(&mut self, blocks: &[(u64, u64)]) {
+        let mut blocks = blocks.to_vec();
+        blocks.sort_unstable();
+        let gaps = blocks.windows(2).filter(|w| w[1].0 == w[0].0 + 1).map(|w| w[1].1.saturating_sub(w[0].1));
+        let gaps: Vec<Duration> = gaps.map(Duration::from_secs).collect();
+        for gap in gaps.into_iter().rev().take(SAMPLES).rev() {
+            if self.gaps.len() == SAMPLES {
+                self.gaps.pop_front();
+            }
+            self.gaps.push_back(gap);
+        }
+    }
+
     /// The chain's block interval, once two gaps were seen.
     pub fn interval(&self) -> Option<Duration> {
         if self.gaps.len() < 2 {
@@ -191,6 +207,20 @@ mod tests {
             idle.saw(n, start + Duration::from_secs(n * 600));
         }
         assert_eq!(idle.interval(), Some(MAX_INTERVAL));
+    }
+
+    #[test]
+    fn the_pace_is_known_at_once_from_the_timestamps_of_the_window() {
+        let mut c = Cadence::new(ms(1000));
+        // Twelve-second blocks, one missed slot, newest first as a backfill reads them.
+        let blocks: Vec<(u64, u64)> =
+            vec![(105, 1_000_072), (104, 1_000_048), (103, 1_000_036), (102, 1_000_024), (101, 1_000_012)];
+        c.seed(&blocks);
+        assert_eq!(c.interval(), Some(Duration::from_secs(12)));
+        // Blocks that are not neighbours say nothing of the gap between them.
+        let mut sparse = Cadence::new(ms(1000));
+        sparse.seed(&[(1, 0), (5, 100), (9, 200)]);
+        assert_eq!(sparse.interval(), None);
     }
 
     #[test]

@@ -334,6 +334,10 @@ impl Watcher {
     async fn backfill(&mut self) {
         const BATCH: u64 = 100;
         let mut filled = 0usize;
+        // The chain's own timestamps give its pace at once (number, seconds), rather than
+        // after three heads seen live.
+        let mut stamps: Vec<(u64, u64)> =
+            self.tracker.view().tip.iter().filter_map(|h| Some((h.number, h.timestamp?))).collect();
         while self.tracker.room_below() > 0 {
             let Some((lowest, _)) = self.tracker.lowest() else { break };
             let count = (self.tracker.room_below() as u64).min(BATCH);
@@ -352,9 +356,11 @@ impl Watcher {
                     Err(_) => None,
                 };
                 // Stops at the first block that does not link (a reorg meanwhile, a pruned node).
+                let stamp = header.as_ref().and_then(|h| Some((h.number, h.timestamp?)));
                 if !header.is_some_and(|h| self.tracker.prepend(h)) {
                     break;
                 }
+                stamps.extend(stamp);
                 linked += 1;
             }
             filled += linked;
@@ -364,6 +370,12 @@ impl Watcher {
         }
         if filled > 0 {
             tracing::info!(blocks = filled, "backfilled the head tracker's window");
+        }
+        if self.cadence.interval().is_none() {
+            self.cadence.seed(&stamps);
+            if let Some(interval) = self.cadence.interval() {
+                self.upstream.block_interval(interval);
+            }
         }
     }
 

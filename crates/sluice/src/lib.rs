@@ -9,5 +9,6 @@ pub mod quic;
 pub mod reload;
 pub mod report;
 pub mod serve;
+pub mod sizing;
 pub mod stack;
 mod upstream_config;

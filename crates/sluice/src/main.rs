@@ -282,6 +282,7 @@ async fn run(command: Command, loaded: Option<config::Config>) -> anyhow::Result
             if !ignored.is_empty() {
                 println!("ignored environment variables (they name no configuration key): {}", ignored.join(", "));
             }
+            print!("{}", sluice::sizing::render(&sluice::sizing::estimate(&networks, &config.limits)));
             Ok(())
         }
     }

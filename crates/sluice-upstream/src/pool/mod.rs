@@ -198,14 +198,16 @@ impl<N: Node> Pool<N> {
         }
     }
 
-    /// True when a member whose circuit is closed showed it is up within the last two blocks
-    /// (at least [`ALIVE_FOR`]): a readiness check needs no call of its own then.
+    /// True when a member whose circuit is closed, and whose last exchange did not fail, showed
+    /// it is up within the last two blocks (at least [`ALIVE_FOR`]): a readiness check needs no
+    /// call of its own then.
     pub fn recently_alive(&self) -> bool {
         let now = Instant::now();
         let within = self.block_interval().map_or(ALIVE_FOR, |pace| ALIVE_FOR.max(pace * 2));
         self.members.iter().any(|m| {
             let state = m.state();
             state.breaker.state(now) == Circuit::Closed
+                && state.last_error.is_none()
                 && state.alive.is_some_and(|at| now.saturating_duration_since(at) < within)
         })
     }

@@ -48,10 +48,15 @@ pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>) {
 }
 
 /// How long a member's head stays as good as probed: a block and a half (so that a member
-/// announcing every block is never asked, whatever the jitter), at least one probe interval.
+/// announcing every block is never asked, whatever the jitter), at least one probe interval;
+/// [`UNKNOWN_PACE`] until the head feed has learned the chain's pace (its first three heads).
 pub(super) fn freshness(probe_interval: Duration, pace: Option<Duration>) -> Duration {
-    pace.map_or(probe_interval, |pace| probe_interval.max(pace + pace / 2))
+    probe_interval.max(pace.map_or(UNKNOWN_PACE, |pace| pace + pace / 2))
 }
+
+/// How long a member's head stays as good as probed while the chain's pace is not known: a
+/// slow chain's first blocks would otherwise cost a probe a second.
+const UNKNOWN_PACE: Duration = Duration::from_secs(10);
 
 /// Whether the prober asks a member: always while its circuit is not closed (the probe is
 /// what closes it), otherwise when its head was not learned within `fresh`.
@@ -155,9 +160,10 @@ mod tests {
     }
 
     #[test]
-    fn without_a_known_pace_the_probe_interval_rules() {
+    fn without_a_known_pace_a_head_is_fresh_for_ten_seconds() {
         let interval = Duration::from_secs(1);
-        assert_eq!(freshness(interval, None), interval);
+        assert_eq!(freshness(interval, None), UNKNOWN_PACE);
+        assert_eq!(freshness(Duration::from_secs(30), None), Duration::from_secs(30), "the interval, when longer");
         // A chain faster than the probe interval: not probed more often than the interval.
         assert_eq!(freshness(interval, Some(Duration::from_millis(250))), interval);
     }

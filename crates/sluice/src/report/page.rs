@@ -176,8 +176,8 @@ pub(super) fn write(args: &ReportArgs, f: &Figures) -> anyhow::Result<()> {
     }
     md.push_str("## Latency overview\n\n![latency](bench/latency.svg)\n\n");
     md.push_str(
-        "Other measurements, from scripts with wrk (heavy cached answers, coalescing): see \
-         [benchmarks-wrk.md](benchmarks-wrk.md).\n",
+        "Other measurements, from the scripts under `bench/` (wrk: heavy cached answers, coalescing; the idle \
+         cost in upstream calls): see [benchmarks-wrk.md](benchmarks-wrk.md).\n",
     );
     std::fs::write(args.out.join("benchmarks.md"), md)?;
     eprintln!("wrote {}", args.out.join("benchmarks.md").display());
