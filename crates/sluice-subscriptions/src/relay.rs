@@ -61,9 +61,10 @@ impl SharedRelay {
             return Ok(broadcast_stream(shared.tx.subscribe(), Some((1011, UPSTREAM_LOST)), guard));
         }
         if state.socket.is_none() {
-            let (socket, events) = UpstreamSocket::connect(&self.url, self.timeout)
-                .await
-                .map_err(|e| Outcome::from(e.to_error_object()))?;
+            let (socket, events) = UpstreamSocket::connect(&self.url, self.timeout).await.map_err(|e| {
+                tracing::warn!(error = %e, url = %self.url, "cannot relay a subscription: the upstream WebSocket is unavailable");
+                Outcome::from(e.to_error_object())
+            })?;
             state.generation += 1;
             state.socket = Some(socket);
             tokio::spawn(dispatch(Arc::downgrade(&self.state), events, state.generation));

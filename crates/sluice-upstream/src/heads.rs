@@ -141,14 +141,25 @@ impl Watcher {
     async fn run(mut self, ws_urls: Vec<(String, String)>) {
         let mut next = 0;
         let mut wait = self.config.resubscribe_every;
+        // Sockets whose failure was logged at warn since they last worked: the next attempts,
+        // less and less often, log at debug (an HTTP-only provider would fill the log).
+        let mut told: std::collections::HashSet<String> = Default::default();
         loop {
             // One round over the sockets, starting after the last one that failed; polling
             // through the pool (which fails over) covers the time in between.
             for _ in 0..ws_urls.len() {
                 let (member, url) = &ws_urls[next % ws_urls.len()];
                 match self.follow_subscription(url, member).await {
-                    Ok(()) => wait = self.config.resubscribe_every,
-                    Err(why) => tracing::warn!(%why, %url, "newHeads subscription unavailable"),
+                    Ok(()) => {
+                        wait = self.config.resubscribe_every;
+                        told.remove(url);
+                    }
+                    Err(why) if told.insert(url.clone()) => tracing::warn!(
+                        %why, %url,
+                        "newHeads subscription unavailable: following by polling (about a call per block); \
+                         tried again less and less often (debug logs each attempt)"
+                    ),
+                    Err(why) => tracing::debug!(%why, %url, "newHeads subscription still unavailable"),
                 }
                 next += 1;
             }

@@ -50,7 +50,9 @@ impl UpstreamSocket {
             .await
             .map_err(|_| UpstreamError::Timeout(timeout))?
             .map_err(|e| {
-                tracing::warn!(error = %e, "upstream websocket connect failed");
+                // Callers say what failed to connect and why it matters (the head feed once per
+                // outage, the relay per subscription); the handshake's own error is detail.
+                tracing::debug!(error = %e, %url, "upstream websocket connect failed");
                 UpstreamError::Unreachable
             })?;
         let (commands, command_rx) = mpsc::channel(64);
