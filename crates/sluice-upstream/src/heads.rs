@@ -37,7 +37,8 @@ pub struct HeadConfig {
     /// when the next block is due (the chain's pace, learned), then this often (or a quarter
     /// of a block, when shorter) until it shows.
     pub poll_interval: Duration,
-    /// How often to try the WebSocket again while polling.
+    /// The first wait before trying the WebSocket again while polling; each failure doubles
+    /// it, up to a minute.
     pub resubscribe_every: Duration,
     /// Deadline for connecting and subscribing.
     pub timeout: Duration,
