@@ -141,15 +141,7 @@ async fn main() -> anyhow::Result<()> {
                 async move {
                     let (client, uri) = &*state;
                     let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                    let forwarded = Request::post(uri.clone())
-                        .header(CONTENT_TYPE, "application/json")
-                        .body(Full::new(body))
-                        .expect("a request");
-                    let answer = match client.request(forwarded).await {
-                        Ok(response) => response.into_body().collect().await.map(|b| b.to_bytes()).ok(),
-                        Err(_) => None,
-                    };
-                    Ok::<_, Infallible>(answer.map_or_else(bad_gateway, json))
+                    Ok::<_, Infallible>(relay(client, uri, body).await)
                 }
             })
             .await
@@ -176,15 +168,7 @@ async fn main() -> anyhow::Result<()> {
                             *counts.entry(method).or_default() += 1;
                         }
                     }
-                    let forwarded = Request::post(uri.clone())
-                        .header(CONTENT_TYPE, "application/json")
-                        .body(Full::new(body))
-                        .expect("a request");
-                    let answer = match client.request(forwarded).await {
-                        Ok(response) => response.into_body().collect().await.map(|b| b.to_bytes()).ok(),
-                        Err(_) => None,
-                    };
-                    Ok::<_, Infallible>(answer.map_or_else(bad_gateway, json))
+                    Ok::<_, Infallible>(relay(client, uri, body).await)
                 }
             })
             .await
@@ -207,6 +191,17 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
     }
+}
+
+/// Sends `body` to `uri` through hyper-util's general client; the node's answer, or 502.
+async fn relay(client: &Client<HttpConnector, Full<Bytes>>, uri: &hyper::Uri, body: Bytes) -> Response<Full<Bytes>> {
+    let forwarded =
+        Request::post(uri.clone()).header(CONTENT_TYPE, "application/json").body(Full::new(body)).expect("a request");
+    let answer = match client.request(forwarded).await {
+        Ok(response) => response.into_body().collect().await.map(|b| b.to_bytes()).ok(),
+        Err(_) => None,
+    };
+    answer.map_or_else(bad_gateway, json)
 }
 
 /// The method of each JSON-RPC call in a request body (one call or a batch).
