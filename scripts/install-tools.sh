@@ -15,6 +15,8 @@ SOLC_VERSION=0.8.37
 SOLCJS="$TOOLS/node_modules/solc/solc.js"
 # viem, for the test that runs a dapp's own send / wait / read flow through sluice (tests/js/).
 VIEM_VERSION=2.58.8
+# playwright-core (no browser download), driving Debian's chromium in the status page's test.
+PLAYWRIGHT_VERSION=1.65.1
 
 apt_install() {
   if [ "$(id -u)" != 0 ]; then
@@ -44,17 +46,20 @@ if ! cargo deb --version 2>/dev/null | grep -q "$CARGO_DEB_VERSION"; then
   cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --no-default-features --quiet
 fi
 command -v adduser >/dev/null 2>&1 || apt_install adduser
+# A real browser for the status page's test (crates/sluice/tests/status_page.rs).
+command -v chromium >/dev/null 2>&1 || apt_install --no-install-recommends chromium
 
 installed_version() { "$1" --version 2>/dev/null | grep -o "$FOUNDRY_VERSION" | head -n1; }
 package_version() { node -e "console.log(require('./$TOOLS/node_modules/$1/package.json').version)" 2>/dev/null; }
 if [ ! -x "$ANVIL" ] || [ ! -x "$CAST" ] || [ "$(installed_version "$ANVIL")" != "$FOUNDRY_VERSION" ] \
   || [ ! -f "$SOLCJS" ] || [ "$(package_version solc)" != "$SOLC_VERSION" ] \
-  || [ "$(package_version viem)" != "$VIEM_VERSION" ]; then
+  || [ "$(package_version viem)" != "$VIEM_VERSION" ] \
+  || [ "$(package_version playwright-core)" != "$PLAYWRIGHT_VERSION" ]; then
   # One npm call for all of them: a second `npm install --no-save` would remove the others.
-  echo "install-tools: installing anvil and cast $FOUNDRY_VERSION, solc $SOLC_VERSION and viem $VIEM_VERSION into $TOOLS/"
+  echo "install-tools: installing anvil and cast $FOUNDRY_VERSION, solc $SOLC_VERSION, viem $VIEM_VERSION and playwright-core $PLAYWRIGHT_VERSION into $TOOLS/"
   mkdir -p "$TOOLS"
   npm install --prefix "$TOOLS" --no-save --no-audit --no-fund --loglevel=error \
     "@foundry-rs/anvil-linux-amd64@$FOUNDRY_VERSION" "@foundry-rs/cast-linux-amd64@$FOUNDRY_VERSION" \
-    "solc@$SOLC_VERSION" "viem@$VIEM_VERSION"
+    "solc@$SOLC_VERSION" "viem@$VIEM_VERSION" "playwright-core@$PLAYWRIGHT_VERSION"
 fi
 "$ANVIL" --version | head -n1

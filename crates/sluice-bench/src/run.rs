@@ -95,7 +95,7 @@ impl Client {
                 Ok(Outcome::Result(_)) => {}
                 Ok(Outcome::Error(raw)) => return Err(rpc_reason(&raw)),
                 Err(UpstreamError::HttpStatus(code)) => return Err(format!("http {code}")),
-                Err(UpstreamError::Unreachable) => return Err("connection failed".into()),
+                Err(UpstreamError::Unreachable | UpstreamError::Refused) => return Err("connection failed".into()),
                 Err(e) => return Err(e.kind().replace('_', " ")),
             }
         }

@@ -8,7 +8,13 @@
 //! * `GET /keys/{id}/usage?days=N`, `GET /callers/{caller}/usage?days=N`: calls and compute
 //!   units per UTC day and method.
 //!
+//! * `GET /` (a browser): the status page ([`crate::page`]); `GET /status`, `GET /status/live`
+//!   and `GET /metrics` as on the main listener.
+//!
 //! Without the token: 401. A bad body: 400 naming the field. Errors are `{"error": "…"}`.
+//! A browser cannot send a bearer token when it opens a page: `GET /?token=…` with the right
+//! token answers with a cookie (HttpOnly, SameSite=Strict) that stands for it on this listener,
+//! and sends the browser on to `/`, so the token leaves the address bar and history.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -78,6 +84,10 @@ impl Admin {
 pub fn router(gateway: Arc<Gateway>, token: &str) -> Router {
     let admin = Admin { gateway, token: Arc::from(token) };
     Router::new()
+        .route("/", get(page))
+        .route("/status", get(status))
+        .route("/status/live", get(live))
+        .route("/metrics", get(metrics))
         .route("/keys", get(list).post(create))
         .route("/keys/{id}", get(show).patch(update).delete(revoke))
         .route("/keys/{id}/usage", get(key_usage))
@@ -105,6 +115,30 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The cookie that stands for the token in a browser: a digest of it, so that the browser never
+/// holds the token itself.
+const COOKIE: &str = "sluice_admin";
+
+fn cookie_value(token: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("sluice admin page\0{token}").as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn presented_cookie(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find_map(|(name, value)| (name == COOKIE).then_some(value))
+}
+
+fn query_token(uri: &http::Uri) -> Option<&str> {
+    uri.query()?.split('&').find_map(|pair| pair.strip_prefix("token="))
+}
+
 async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> Response {
     let presented = request
         .headers()
@@ -112,12 +146,42 @@ async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
+    let cookie = presented_cookie(request.headers());
+    if cookie.is_some_and(|c| same(c.as_bytes(), cookie_value(&admin.token).as_bytes())) {
+        return next.run(request).await;
+    }
+    let browser = crate::page::wants_page(request.method(), request.headers());
+    if let (true, Some(token)) = (browser && request.uri().path() == "/", query_token(request.uri())) {
+        if same(token.as_bytes(), admin.token.as_bytes()) {
+            let cookie = format!("{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/", cookie_value(&admin.token));
+            return (StatusCode::SEE_OTHER, [(http::header::SET_COOKIE, cookie), (http::header::LOCATION, "/".into())])
+                .into_response();
+        }
+    }
     let why = match presented {
         Some(token) if same(token.as_bytes(), admin.token.as_bytes()) => return next.run(request).await,
         Some(_) => "wrong admin token",
+        None if browser => "the status page needs the admin token: open /?token=<admin token>",
         None => "the admin API needs Authorization: Bearer <admin token>",
     };
     Failure(StatusCode::UNAUTHORIZED, why.into()).into_response()
+}
+
+async fn page() -> Response {
+    crate::page::page()
+}
+
+async fn status(State(admin): State<Admin>) -> Response {
+    Json(admin.gateway.render_status()).into_response()
+}
+
+async fn live(State(admin): State<Admin>) -> Response {
+    crate::page::live(admin.gateway.clone())
+}
+
+async fn metrics(State(admin): State<Admin>) -> Response {
+    admin.gateway.metrics.run_upkeep();
+    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], admin.gateway.metrics.render()).into_response()
 }
 
 /// Parses a JSON value; the error names the field (`tier: invalid type: …`).

@@ -39,6 +39,7 @@ pub fn router(gateway: Arc<Gateway>, shutdown: Stopping) -> Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .route("/status/live", get(live))
         .fallback(entry)
         .with_state(AppState { gateway, shutdown })
 }
@@ -86,12 +87,15 @@ async fn entry(
     headers: HeaderMap,
     request: axum::extract::Request,
 ) -> Response {
+    let peer = request.extensions().get::<ClientAddr>().map(|a| a.0);
+    if uri.path() == "/" && crate::page::wants_page(&method, &headers) && state.gateway.page.allows(peer.map(|p| p.ip())) {
+        return crate::page::page();
+    }
     let (network, key) = match state.gateway.resolve(uri.path()) {
         Target::Rpc { network, key } => (network, key.map(str::to_owned)),
         Target::Unknown(message) => return unknown_network(&message, &headers).map(Body::new),
         Target::Operator => return (StatusCode::NOT_FOUND, "not found\n").into_response(),
     };
-    let peer = request.extensions().get::<ClientAddr>().map(|a| a.0);
     if method == http::Method::POST {
         return serve_rpc(&state.gateway, network, key, &headers, peer, request.into_body()).await.map(Body::new);
     }
@@ -301,6 +305,15 @@ async fn ready(State(state): State<AppState>) -> Response {
 /// What components report (the pool's members, the mempool, ingress, mesh), for operators.
 async fn status(State(state): State<AppState>) -> Response {
     ([(CONTENT_TYPE, "application/json")], state.gateway.render_status().to_string()).into_response()
+}
+
+/// The status page's live stream, for whoever may see the page.
+async fn live(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    let peer = request.extensions().get::<ClientAddr>().map(|a| a.0.ip());
+    if !state.gateway.page.allows(peer) {
+        return (StatusCode::NOT_FOUND, "not found\n").into_response();
+    }
+    crate::page::live(state.gateway.clone())
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

@@ -19,6 +19,7 @@ pub mod header_timer;
 pub mod http;
 pub mod lanes;
 pub mod network;
+pub mod page;
 pub mod pipeline;
 pub mod policy;
 pub mod route;
@@ -99,6 +100,8 @@ pub struct Gateway {
     status: StatusBoard,
     /// Set when shutdown starts: `/ready` answers 503 from then on.
     draining: std::sync::atomic::AtomicBool,
+    /// Who may see the status page on the main listener.
+    pub page: page::PageAccess,
 }
 
 impl Gateway {
@@ -224,6 +227,7 @@ pub struct GatewayBuilder {
     networks: Vec<NetworkSpec>,
     named: bool,
     status: StatusBoard,
+    page: page::PageAccess,
 }
 
 impl GatewayBuilder {
@@ -237,6 +241,7 @@ impl GatewayBuilder {
             networks: Vec::new(),
             named: false,
             status: StatusBoard::default(),
+            page: page::PageAccess::default(),
         }
     }
 
@@ -276,6 +281,12 @@ impl GatewayBuilder {
     /// Process-wide parts of `/status` (the networks report their own).
     pub fn status(mut self, status: StatusBoard) -> Self {
         self.status = status;
+        self
+    }
+
+    /// Who may see the status page on the main listener (default: loopback clients).
+    pub fn status_page(mut self, access: page::PageAccess) -> Self {
+        self.page = access;
         self
     }
 
@@ -324,6 +335,7 @@ impl GatewayBuilder {
             metrics: telemetry::prometheus(),
             status: self.status,
             draining: std::sync::atomic::AtomicBool::new(false),
+            page: self.page,
         })
     }
 }

@@ -108,6 +108,11 @@ impl Anvil {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The anvil process's id (for a test that kills it from elsewhere).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `ws://127.0.0.1:PORT`.
     pub fn ws_url(&self) -> String {
         format!("ws://127.0.0.1:{}", self.port)

@@ -14,6 +14,11 @@ pub enum UpstreamError {
     /// The connection could not be made or broke before an answer arrived.
     #[error("upstream unreachable")]
     Unreachable,
+    /// Nothing listens where the node should be (the connection was refused). Shown and counted
+    /// as `unreachable`, like any failed connection, but kept apart: it is certain evidence that
+    /// the node is down, so the member's circuit opens at once instead of after several failures.
+    #[error("upstream unreachable")]
+    Refused,
     /// No answer within the deadline.
     #[error("upstream timed out after {0:?}")]
     Timeout(Duration),
@@ -70,7 +75,7 @@ impl UpstreamError {
     /// A short label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {
-            UpstreamError::Unreachable => "unreachable",
+            UpstreamError::Unreachable | UpstreamError::Refused => "unreachable",
             UpstreamError::Timeout(_) => "timeout",
             UpstreamError::HttpStatus(_) => "http_status",
             UpstreamError::InvalidResponse(_) => "invalid_response",

@@ -100,7 +100,11 @@ impl HttpUpstream {
         let exchange = async {
             let (response, connection) = self.connections.send(request).await.map_err(|e| {
                 tracing::warn!(upstream = %self.config.name, error = %e, "upstream request failed");
-                UpstreamError::Unreachable
+                if refused(&*e) {
+                    UpstreamError::Refused
+                } else {
+                    UpstreamError::Unreachable
+                }
             })?;
             let status = response.status().as_u16();
             // Only a 429 is read for it: a header lookup less on every other answer.
@@ -286,6 +290,14 @@ impl Node for HttpUpstream {
         &self.config.name
     }
 
+    fn closed_by_node(&self) -> u64 {
+        self.connections.closed_by_node()
+    }
+
+    fn wake_on_close(&self, wake: Arc<tokio::sync::Notify>) {
+        self.connections.wake_on_close(wake);
+    }
+
     fn timeout(&self) -> Duration {
         self.config.timeout
     }
@@ -304,6 +316,18 @@ impl Node for HttpUpstream {
             _ => self.call_batch_within(reqs, timeout).await,
         }
     }
+}
+
+/// Whether a failure was a refused connection: nothing listens at the node's address.
+fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused) {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 #[cfg(test)]

@@ -16,9 +16,15 @@
 //! limit, a broken body) is dropped, never reused. A pooled connection the node has closed
 //! meanwhile is skipped, and a request it refused before sending anything is sent on
 //! another connection, as hyper-util does.
+//!
+//! A connection the node closes (not sluice: sluice retires the ones it stops using) is
+//! counted, and whoever asked is woken ([`Connections::wake_on_close`]): a node that dies
+//! closes every connection at once, so the pool can look at it that instant instead of at its
+//! next probe round or its next client's failed call.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -53,23 +59,52 @@ pub struct Connections {
     idle: Box<[Mutex<VecDeque<Idle>>]>,
     max_idle: usize,
     idle_timeout: Duration,
+    /// Connections the node closed.
+    closes: Arc<NodeCloses>,
+}
+
+/// Connections the node closed, and whom to wake when one is.
+#[derive(Default)]
+struct NodeCloses {
+    count: AtomicU64,
+    wake: OnceLock<Arc<tokio::sync::Notify>>,
+}
+
+/// A connection's request handle. Dropped by sluice while the connection is still open (idle
+/// too long, an answer not read to its end), it marks the connection retired, so that its end
+/// is not taken for the node's doing.
+struct Conn {
+    sender: SendRequest<Body>,
+    retired: Arc<AtomicBool>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if !self.sender.is_closed() {
+            self.retired.store(true, Ordering::Release);
+        }
+    }
 }
 
 struct Idle {
-    sender: SendRequest<Body>,
+    sender: Conn,
     since: Instant,
+    /// The node's close count when the connection was parked: once the node has closed any
+    /// connection since, this one may be dead too and not known yet (a killed node's sockets
+    /// close at once, but a write on one can still succeed), so it is not reused.
+    closes: u64,
 }
 
 impl Idle {
-    fn usable(&self, now: Instant, idle_timeout: Duration) -> bool {
-        !self.sender.is_closed() && now.duration_since(self.since) < idle_timeout
+    fn usable(&self, now: Instant, idle_timeout: Duration, closes: u64) -> bool {
+        !self.sender.sender.is_closed() && now.duration_since(self.since) < idle_timeout && self.closes == closes
     }
 }
 
 /// A connection lent to one exchange. [`Lease::done`] puts it back once the answer has been
 /// read to its end; dropped without that, the connection is closed.
 pub struct Lease<'a> {
-    sender: Option<SendRequest<Body>>,
+    sender: Option<Conn>,
     connections: &'a Connections,
 }
 
@@ -116,6 +151,7 @@ impl Connections {
             idle: (0..LANE_SLOTS).map(|_| Mutex::default()).collect(),
             max_idle,
             idle_timeout,
+            closes: Arc::default(),
         })
     }
 
@@ -138,13 +174,13 @@ impl Connections {
                 Some(sender) => (sender, true),
                 None => (self.connect().await?, false),
             };
-            if let Err(e) = sender.ready().await {
+            if let Err(e) = sender.sender.ready().await {
                 if reused {
                     continue;
                 }
                 return Err(e.into());
             }
-            match sender.try_send_request(request).await {
+            match sender.sender.try_send_request(request).await {
                 Ok(response) => return Ok((response, Lease { sender: Some(sender), connections: self })),
                 Err(mut e) => match e.take_message() {
                     // Not sent: the node closed a kept-alive connection as it was taken.
@@ -162,53 +198,79 @@ impl Connections {
 
     /// The most recently used idle connection of this lane still open and not idle for too
     /// long.
-    fn take(&self) -> Option<SendRequest<Body>> {
+    fn take(&self) -> Option<Conn> {
         let now = Instant::now();
+        let closes = self.closed_by_node();
         let mut idle = self.idle();
         while let Some(entry) = idle.pop_back() {
-            if entry.usable(now, self.idle_timeout) {
+            if entry.usable(now, self.idle_timeout, closes) {
                 return Some(entry.sender);
             }
         }
         None
     }
 
-    fn put(&self, sender: SendRequest<Body>) {
-        if sender.is_closed() || self.max_idle == 0 {
+    fn put(&self, sender: Conn) {
+        if sender.sender.is_closed() || self.max_idle == 0 {
             return;
         }
         let now = Instant::now();
+        let closes = self.closed_by_node();
         let mut idle = self.idle();
         // Stale entries leave from the front as connections come back: no sweeper task.
-        while idle.front().is_some_and(|oldest| !oldest.usable(now, self.idle_timeout)) {
+        while idle.front().is_some_and(|oldest| !oldest.usable(now, self.idle_timeout, closes)) {
             idle.pop_front();
         }
         if idle.len() >= self.max_idle {
             idle.pop_front();
         }
-        idle.push_back(Idle { sender, since: now });
+        idle.push_back(Idle { sender, since: now, closes });
     }
 
     /// Opens a connection (TLS for `https://`) and starts the task that drives it; the task
     /// ends when the connection closes or its last handle is gone.
-    async fn connect(&self) -> Result<SendRequest<Body>, Error> {
+    async fn connect(&self) -> Result<Conn, Error> {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
         let stream = connector.call(self.origin.clone()).await?;
         let (sender, connection) = http1::handshake(stream).await?;
+        let retired = Arc::new(AtomicBool::new(false));
+        let (by_us, closes) = (retired.clone(), self.closes.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "upstream connection ended");
+            // Broken (reset, cut mid-answer) is the node's doing even if sluice let go of the
+            // connection meanwhile; a clean end is only if sluice did not close it.
+            let broken = match connection.await {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "upstream connection ended");
+                    true
+                }
+            };
+            if broken || !by_us.load(Ordering::Acquire) {
+                closes.count.fetch_add(1, Ordering::Relaxed);
+                if let Some(wake) = closes.wake.get() {
+                    wake.notify_one();
+                }
             }
         });
-        Ok(sender)
+        Ok(Conn { sender, retired })
+    }
+
+    /// How many connections the node has closed so far (sluice's own retirements aside).
+    pub fn closed_by_node(&self) -> u64 {
+        self.closes.count.load(Ordering::Relaxed)
+    }
+
+    /// Wakes `wake` whenever the node closes a connection (the first caller's only).
+    pub fn wake_on_close(&self, wake: Arc<tokio::sync::Notify>) {
+        let _ = self.closes.wake.set(wake);
     }
 
     /// Idle connections this lane holds now, and how many of them are still open (for tests).
     #[cfg(test)]
     fn idle_counts(&self) -> (usize, usize) {
         let idle = self.idle();
-        (idle.len(), idle.iter().filter(|i| !i.sender.is_closed()).count())
+        (idle.len(), idle.iter().filter(|i| !i.sender.sender.is_closed()).count())
     }
 }
 

@@ -89,6 +89,12 @@ pub trait Node: Send + Sync + 'static {
         reqs: &[&Request],
         timeout: Duration,
     ) -> Result<Vec<Result<Outcome, UpstreamError>>, UpstreamError>;
+    /// How many connections the node has closed itself so far (0 for a node without any).
+    fn closed_by_node(&self) -> u64 {
+        0
+    }
+    /// Wakes `wake` whenever the node closes a connection (a node that dies closes them all).
+    fn wake_on_close(&self, _wake: std::sync::Arc<tokio::sync::Notify>) {}
 }
 
 /// An answer and where it came from.

@@ -42,7 +42,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>, reload: Opt
     }
     let policy = MethodPolicy::new(config.methods.deny.clone(), config.methods.allow.clone());
     let mut gateway =
-        GatewayBuilder::new(Limits::from(&config.limits)).method_policy(policy).named(named).status(status);
+        GatewayBuilder::new(Limits::from(&config.limits))
+        .method_policy(policy)
+        .named(named)
+        .status(status)
+        .status_page(config.status.page);
     let mut lines = Vec::new();
     let mut ingresses = Vec::new();
     let pools: Vec<_> = stacks.iter().map(|s| (s.spec.id.clone(), s.pool.clone())).collect();

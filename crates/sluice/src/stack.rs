@@ -164,6 +164,18 @@ impl Stack {
             let stats = ingress.stats();
             status.add("ingress", Arc::new(move || serde_json::to_value(stats.snapshot()).unwrap_or_default()));
         }
+        if let Some(feed) = &feed {
+            // The head sluice serves and the finality it knows, as the tracker has them.
+            let view = feed.view.clone();
+            status.add(
+                "chain",
+                Arc::new(move || {
+                    let view = view.borrow().clone();
+                    let (head, hash) = view.latest().map(|(n, h)| (Some(n), Some(h.to_owned()))).unwrap_or_default();
+                    serde_json::json!({ "head": head, "hash": hash, "safe": view.safe, "finalized": view.finalized })
+                }),
+            );
+        }
         let mut spec = NetworkSpec::new(net.id.clone(), layers);
         // Configured networks are also at /evm/{chainId}; the implicit one keeps its old paths.
         spec.chain_id = net.chain_id;

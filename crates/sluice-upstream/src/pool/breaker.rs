@@ -1,6 +1,8 @@
 //! A circuit breaker per upstream. Pure: time is passed in.
 //!
-//! Closed: calls flow; `threshold` consecutive failures open it. Open: no calls until
+//! Closed: calls flow; `threshold` consecutive failures open it, and so does one failure that
+//! proves the node down (a refused connection: a dead node is out at once, not after a
+//! threshold of clients' calls failed over or five probe rounds). Open: no calls until
 //! `cooldown` has passed. Then one call is let through as a probe (half-open): success closes
 //! the circuit, failure opens it for another cooldown.
 
@@ -81,6 +83,14 @@ impl Breaker {
         self.probing = false;
     }
 
+    /// Records a failure that proves the node down (a refused connection) at `now`: the
+    /// circuit opens at once.
+    pub fn on_down(&mut self, now: Instant) {
+        self.failures = self.failures.max(self.threshold);
+        self.open_until = Some(now + self.cooldown);
+        self.probing = false;
+    }
+
     /// Records a failure at `now`.
     pub fn on_failure(&mut self, now: Instant) {
         self.failures += 1;
@@ -94,6 +104,18 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_proven_down_opens_at_once_and_recovers_through_one_probe() {
+        let now = Instant::now();
+        let mut b = Breaker::new(5, Duration::from_secs(5));
+        b.on_down(now);
+        assert_eq!(b.state(now), Circuit::Open);
+        assert!(!b.allow(now + Duration::from_secs(1)));
+        assert!(b.allow(now + Duration::from_secs(5)), "the probe after the cooldown");
+        b.on_success();
+        assert_eq!(b.state(now + Duration::from_secs(5)), Circuit::Closed);
+    }
 
     #[test]
     fn opens_after_consecutive_failures_and_recovers_through_one_probe() {

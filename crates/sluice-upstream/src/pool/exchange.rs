@@ -126,6 +126,7 @@ impl<N: Node> Pool<N> {
                     state.recent.push(took);
                     state.breaker.on_success();
                 }
+                None if matches!(answer, Err(UpstreamError::Refused)) => state.breaker.on_down(now),
                 None => state.breaker.on_failure(now),
             }
             drop(state);

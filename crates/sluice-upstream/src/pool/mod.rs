@@ -134,7 +134,12 @@ impl<N: Node> Pool<N> {
                 "upstream" => m.node.name().to_owned())
             .increment(0);
         }
-        tokio::spawn(probe::run(Arc::downgrade(&pool)));
+        // A node closing its connections (a node that dies closes them all) wakes the prober.
+        let closed = Arc::new(tokio::sync::Notify::new());
+        for m in &pool.members {
+            m.node.wake_on_close(closed.clone());
+        }
+        tokio::spawn(probe::run(Arc::downgrade(&pool), closed));
         tokio::spawn(range_probe::run(Arc::downgrade(&pool)));
         pool
     }

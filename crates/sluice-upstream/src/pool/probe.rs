@@ -5,9 +5,11 @@
 //! It looks every `probe_interval`, but a member whose head was learned within about a block
 //! and a half (its `newHeads` notification, the head feed's poll, an answer naming its head) is
 //! not asked: on an idle deployment the members the head feed follows cost no probe at all, and
-//! the others one per block or so ([`wants_probe`]).
+//! the others one per block or so ([`wants_probe`]). A member that closed a connection itself
+//! is asked at once, whatever its freshness: a node that dies closes them all, and its circuit
+//! opens on the probe's refused connection within moments, with no client call spent on it.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use sluice_chain::parse_quantity;
@@ -23,21 +25,36 @@ struct Head {
     hash: String,
 }
 
-pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>) {
-    let interval = match pool.upgrade() {
-        Some(p) => p.config.probe_interval,
+pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>, closed: Arc<tokio::sync::Notify>) {
+    let (interval, mut closes) = match pool.upgrade() {
+        Some(p) => (p.config.probe_interval, p.members.iter().map(|m| m.node.closed_by_node()).collect::<Vec<_>>()),
         None => return,
     };
+    // When each member was last probed for a connection it closed.
+    let mut looked: Vec<Option<Instant>> = vec![None; closes.len()];
     let mut tick = tokio::time::interval(interval);
     loop {
-        tick.tick().await;
+        let woken = tokio::select! {
+            _ = tick.tick() => false,
+            _ = closed.notified() => true,
+        };
         let Some(pool) = pool.upgrade() else { return };
         let now = Instant::now();
         let fresh = freshness(interval, pool.block_interval());
         let due: Vec<usize> = (0..pool.members.len())
             .filter(|&i| {
+                let count = pool.members[i].node.closed_by_node();
+                let before = closes.get_mut(i).map(|seen| std::mem::replace(seen, count));
+                let last = looked.get(i).copied().flatten();
+                let dropped = before.is_some_and(|b| b != count) && closed_is_news(last, now, fresh);
+                if dropped {
+                    if let Some(at) = looked.get_mut(i) {
+                        *at = Some(now);
+                    }
+                }
                 let state = pool.members[i].state();
-                wants_probe(state.breaker.state(now), state.heard, now, fresh)
+                // Woken by a closed connection: only the members that closed one.
+                dropped || (!woken && wants_probe(state.breaker.state(now), state.heard, now, fresh))
             })
             .collect();
         let probes = due.into_iter().map(|i| probe_one(&pool, i));
@@ -45,6 +62,14 @@ pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>) {
         pool.heads_read.send_replace(true);
         publish(&pool);
     }
+}
+
+/// Whether a member closing a connection is worth a probe: not when one was probed for that
+/// within `fresh`. A node that closes every connection soon after use (`Connection: close`, a
+/// short keep-alive timeout) then costs at most the idle prober's cadence, and the probe's own
+/// connection, closed in turn, wakes nothing: no loop of probes on an idle deployment.
+pub(super) fn closed_is_news(last: Option<Instant>, now: Instant, fresh: Duration) -> bool {
+    last.is_none_or(|at| now.saturating_duration_since(at) >= fresh)
 }
 
 /// How long a member's head stays as good as probed: a block and a half (so that a member
@@ -166,5 +191,14 @@ mod tests {
         assert_eq!(freshness(Duration::from_secs(30), None), Duration::from_secs(30), "the interval, when longer");
         // A chain faster than the probe interval: not probed more often than the interval.
         assert_eq!(freshness(interval, Some(Duration::from_millis(250))), interval);
+    }
+
+    #[test]
+    fn a_closed_connection_is_probed_once_per_freshness_window() {
+        let now = Instant::now();
+        let fresh = Duration::from_secs(10);
+        assert!(closed_is_news(None, now, fresh), "the first close is looked at");
+        assert!(!closed_is_news(Some(now - Duration::from_secs(1)), now, fresh), "the probe's own close is not");
+        assert!(closed_is_news(Some(now - fresh), now, fresh));
     }
 }

@@ -40,6 +40,7 @@ impl<N: Node> Pool<N> {
                     "cordoned": s.cordoned(now),
                     "cordons": s.cordons,
                     "dissents": s.dissents,
+                    "last_error": s.last_error.as_ref().map(|e| e.kind()),
                 })
             })
             .collect();

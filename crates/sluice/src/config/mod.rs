@@ -67,6 +67,9 @@ pub struct Config {
     /// OpenTelemetry traces (see docs/operations.md); without `otlp_endpoint`: off.
     #[serde(default)]
     pub telemetry: sluice_telemetry::TelemetryConfig,
+    /// The status page on the main listener (`[status] page = "loopback" | "any" | "off"`).
+    #[serde(default)]
+    pub status: sluice_gateway::page::StatusConfig,
 }
 
 /// The method policy: denied methods are answered -32601 at once, never forwarded.
