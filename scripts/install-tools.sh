@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Installs what sluice's tests and `sluice dev` need, only when missing:
-#   - anvil and cast (pinned Foundry npm packages) into the git-ignored .tools/ folder;
+# Installs what sluice's tests need, only when missing:
+#   - anvil and cast (pinned Foundry npm packages), solc, viem and playwright-core into the
+#     git-ignored .tools/ folder;
 #   - cargo-deb (pinned) into cargo's bin folder;
-#   - node/npm, redis-server and prometheus (with promtool) from Debian when the machine has none (needs root, as on CI).
+#   - node/npm, redis-server, prometheus (with promtool) and chromium from Debian when the
+#     machine has none (needs root, as on CI).
+# With --dev, only what `sluice dev` needs (scripts/dev.sh): anvil into .tools/, with npm, no root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +21,12 @@ VIEM_VERSION=2.58.8
 # playwright-core (no browser download), driving Debian's chromium in the status page's test.
 PLAYWRIGHT_VERSION=1.65.1
 
+npm_prefix_install() {  # exactly the packages given, into .tools/
+  mkdir -p "$TOOLS"
+  # One npm call for all of them: `npm install --no-save` removes what it is not given.
+  npm install --prefix "$TOOLS" --no-save --no-audit --no-fund --loglevel=error "$@"
+}
+
 apt_install() {
   if [ "$(id -u)" != 0 ]; then
     echo "install-tools: need root to apt-get install $*" >&2
@@ -29,6 +38,23 @@ apt_install() {
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
+
+if [ "${1:-}" = --dev ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "dev.sh: npm is missing: it fetches anvil, the local devnet (install Node.js and npm, e.g. apt-get install npm)" >&2
+    exit 1
+  fi
+  installed_version() { "$1" --version 2>/dev/null | grep -o "$FOUNDRY_VERSION" | head -n1; }
+  if [ ! -x "$ANVIL" ] || [ "$(installed_version "$ANVIL")" != "$FOUNDRY_VERSION" ]; then
+    echo "dev.sh: installing anvil $FOUNDRY_VERSION into $TOOLS/"
+    keep=()
+    for pkg in @foundry-rs/cast-linux-amd64 solc viem playwright-core; do
+      [ -f "$TOOLS/node_modules/$pkg/package.json" ] && keep+=("$pkg@$(node -p "require('./$TOOLS/node_modules/$pkg/package.json').version")")
+    done
+    npm_prefix_install "@foundry-rs/anvil-linux-amd64@$FOUNDRY_VERSION" "${keep[@]}"
+  fi
+  exit 0
+fi
 
 command -v npm >/dev/null 2>&1 || apt_install nodejs npm
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
@@ -55,10 +81,8 @@ if [ ! -x "$ANVIL" ] || [ ! -x "$CAST" ] || [ "$(installed_version "$ANVIL")" !=
   || [ ! -f "$SOLCJS" ] || [ "$(package_version solc)" != "$SOLC_VERSION" ] \
   || [ "$(package_version viem)" != "$VIEM_VERSION" ] \
   || [ "$(package_version playwright-core)" != "$PLAYWRIGHT_VERSION" ]; then
-  # One npm call for all of them: a second `npm install --no-save` would remove the others.
   echo "install-tools: installing anvil and cast $FOUNDRY_VERSION, solc $SOLC_VERSION, viem $VIEM_VERSION and playwright-core $PLAYWRIGHT_VERSION into $TOOLS/"
-  mkdir -p "$TOOLS"
-  npm install --prefix "$TOOLS" --no-save --no-audit --no-fund --loglevel=error \
+  npm_prefix_install \
     "@foundry-rs/anvil-linux-amd64@$FOUNDRY_VERSION" "@foundry-rs/cast-linux-amd64@$FOUNDRY_VERSION" \
     "solc@$SOLC_VERSION" "viem@$VIEM_VERSION" "playwright-core@$PLAYWRIGHT_VERSION"
 fi

@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-tools.sh
 cargo test --workspace --all-targets "$@"
+# The quickstart from a fresh clone as a user without root (crates/sluice/tests/quickstart.rs):
+# minutes of building from nothing, so on its own, after the others.
+cargo test -p sluice --test quickstart -- --ignored
 # Every libFuzzer target from its committed seeds, then a fixed number of runs with a fixed seed:
 # the same inputs on every run of the same build (open-ended fuzzing: scripts/fuzz.sh TARGET SECONDS).
 bash scripts/fuzz.sh all fixed

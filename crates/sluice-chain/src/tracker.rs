@@ -38,6 +38,22 @@ pub struct Header {
 }
 
 impl Header {
+    /// The header in the node's own JSON form (hex quantities), which [`Header`]'s
+    /// deserialization reads back unchanged: how replicas pass headers to each other.
+    pub fn to_json(&self) -> serde_json::Value {
+        let hex = |n: Option<u64>| n.map(|n| format!("{n:#x}"));
+        serde_json::json!({
+            "number": format!("{:#x}", self.number),
+            "hash": self.hash,
+            "parentHash": self.parent_hash,
+            "timestamp": hex(self.timestamp),
+            "gasLimit": hex(self.gas_limit),
+            "gasUsed": hex(self.gas_used),
+            "baseFeePerGas": hex(self.base_fee),
+            "requestsHash": self.requests_hash,
+        })
+    }
+
     /// A header with only what links it: number, hash and parent hash.
     pub fn new(number: u64, hash: String, parent_hash: String) -> Self {
         Self {

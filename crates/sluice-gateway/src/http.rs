@@ -88,7 +88,10 @@ async fn entry(
     request: axum::extract::Request,
 ) -> Response {
     let peer = request.extensions().get::<ClientAddr>().map(|a| a.0);
-    if uri.path() == "/" && crate::page::wants_page(&method, &headers) && state.gateway.page.allows(peer.map(|p| p.ip())) {
+    if uri.path() == "/"
+        && crate::page::wants_page(&method, &headers)
+        && state.gateway.page.allows(peer.map(|p| p.ip()))
+    {
         return crate::page::page();
     }
     let (network, key) = match state.gateway.resolve(uri.path()) {

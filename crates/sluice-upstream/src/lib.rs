@@ -32,7 +32,9 @@ use sluice_jsonrpc::{Outcome, Request};
 pub use call::{Call, CallCtx, CallView, Origin, DEFAULT_NETWORK};
 pub use consistency::{Admission, HeadView, Seen};
 pub use error::UpstreamError;
-pub use heads::{spawn_head_watcher, HeadConfig, HeadFeed};
+pub use heads::{
+    spawn_head_watcher, spawn_shared_head_watcher, HeadConfig, HeadFeed, HeadNews, Role, SharedHeads, StoreError,
+};
 pub use http::{HttpUpstream, HttpUpstreamConfig};
 pub use keepalive::{Connections, Lease};
 pub use socket::{Notification, UpstreamSocket};

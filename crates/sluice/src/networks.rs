@@ -79,6 +79,18 @@ pub struct NetworkConfig {
     pub subscriptions: sluice_subscriptions::SubscriptionsConfig,
     /// Its QUIC ingress.
     pub ingress: Option<sluice_ingress::IngressConfig>,
+    /// The Redis its replicas follow its chain through (one follower per deployment); `None`:
+    /// this replica follows by itself.
+    pub shared_heads: Option<String>,
+}
+
+/// The Redis through which replicas share head following: `[cluster] redis_url`, else the
+/// network's `[cache.redis] url`; none when `[cluster] share_heads = false`.
+fn shared_heads(cluster: &sluice_cluster::ClusterConfig, cache: &CacheConfig) -> Option<String> {
+    if !cluster.share_heads {
+        return None;
+    }
+    cluster.redis_url.clone().or_else(|| cache.redis.as_ref().map(|r| r.url.clone()))
 }
 
 impl Config {
@@ -98,6 +110,7 @@ impl Config {
                 aggregate: self.aggregate.clone(),
                 subscriptions: self.subscriptions.clone(),
                 ingress: self.ingress.clone(),
+                shared_heads: shared_heads(&self.cluster, &self.cache),
             }]);
         }
         anyhow::ensure!(
@@ -124,12 +137,14 @@ impl Config {
             if !own_journal {
                 mempool.journal = journal_of(&self.mempool.journal, &n.id);
             }
+            let cache: CacheConfig = inherit(&self.cache, n.cache.as_ref(), &at, "cache")?;
             resolved.push(NetworkConfig {
                 id: n.id.clone(),
                 chain_id: Some(n.chain_id),
                 default: n.default,
                 upstreams: n.upstreams.clone(),
-                cache: inherit(&self.cache, n.cache.as_ref(), &at, "cache")?,
+                shared_heads: shared_heads(&self.cluster, &cache),
+                cache,
                 mempool,
                 logs: inherit(&self.logs, n.logs.as_ref(), &at, "logs")?,
                 pool: inherit(&self.pool, n.pool.as_ref(), &at, "pool")?,

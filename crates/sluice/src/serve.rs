@@ -41,8 +41,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>, reload: Opt
         status.add("mesh", Arc::new(move || serde_json::to_value(mesh.latest_status()).unwrap_or_default()));
     }
     let policy = MethodPolicy::new(config.methods.deny.clone(), config.methods.allow.clone());
-    let mut gateway =
-        GatewayBuilder::new(Limits::from(&config.limits))
+    let mut gateway = GatewayBuilder::new(Limits::from(&config.limits))
         .method_policy(policy)
         .named(named)
         .status(status)

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_cache::{CacheLayer, CoalesceLayer, RedisConfig, RedisTier};
+use sluice_cluster::RedisHeads;
 use sluice_gateway::{FeedItem, FeedSet, FeedStream, LocalFeeds, NetworkSpec, SharedRelay, StatusBoard};
 use sluice_ingress::{Ingress, IngressConfig, KeyPair};
 use sluice_jsonrpc::{Id, Outcome, Request};
@@ -15,7 +16,8 @@ use sluice_subscriptions::Hub;
 use sluice_upstream::logs::{LogsConfig, LogsLayer};
 use sluice_upstream::pool::{LivePool, MemberConfig, MethodFilter, Pool, PoolConfig};
 use sluice_upstream::{
-    spawn_head_watcher, Answer, HeadConfig, HeadFeed, HttpUpstream, HttpUpstreamConfig, Node, Upstreams,
+    spawn_shared_head_watcher, Answer, HeadConfig, HeadFeed, HttpUpstream, HttpUpstreamConfig, Node, SharedHeads,
+    Upstreams,
 };
 
 use crate::networks::NetworkConfig;
@@ -100,9 +102,14 @@ impl Stack {
             network: net.id.clone(),
             ..HeadConfig::default()
         };
+        // Replicas sharing a Redis follow the chain as one: one of them holds the lease.
+        let shared: Option<Arc<dyn SharedHeads>> = match &net.shared_heads {
+            Some(url) => Some(Arc::new(RedisHeads::new(url, &net.id).map_err(anyhow::Error::msg)?)),
+            None => None,
+        };
         let start_feed = {
             let upstream = upstream.clone();
-            move || spawn_head_watcher(upstream, ws_urls, heads)
+            move || spawn_shared_head_watcher(upstream, ws_urls, heads, shared)
         };
         let (feed, start_feed) = if net.cache.enabled || net.mempool.enabled {
             (Some(start_feed()), None)
@@ -166,13 +173,16 @@ impl Stack {
         }
         if let Some(feed) = &feed {
             // The head sluice serves and the finality it knows, as the tracker has them.
-            let view = feed.view.clone();
+            let (view, role) = (feed.view.clone(), feed.role.clone());
             status.add(
                 "chain",
                 Arc::new(move || {
                     let view = view.borrow().clone();
                     let (head, hash) = view.latest().map(|(n, h)| (Some(n), Some(h.to_owned()))).unwrap_or_default();
-                    serde_json::json!({ "head": head, "hash": hash, "safe": view.safe, "finalized": view.finalized })
+                    // With replicas sharing the following: whether this one follows, reads or is alone.
+                    let role = role.as_ref().map(|r| r.borrow().as_str());
+                    serde_json::json!({ "head": head, "hash": hash, "safe": view.safe, "finalized": view.finalized,
+                        "following": role })
                 }),
             );
         }

@@ -51,8 +51,7 @@ async fn the_status_page_shows_members_and_turns_a_dead_one_red() {
     let shots = root.join("target/status-page");
     std::fs::create_dir_all(&shots).expect("screenshot folder");
     let mut node = Command::new("node");
-    node
-        .arg(root.join("crates/sluice/tests/js/status_page.cjs"))
+    node.arg(root.join("crates/sluice/tests/js/status_page.cjs"))
         .args([&admin, TOKEN, &sluice.http_url(), &alpha.http_url(), &beta.http_url()])
         .arg(beta.pid().to_string())
         .arg(shots.join("status-page.png"))
@@ -66,4 +65,34 @@ async fn the_status_page_shows_members_and_turns_a_dead_one_red() {
     eprintln!("status page: {findings}");
     assert_eq!(findings["without_token"], 401, "{findings}");
     assert!(findings["red_after_ms"].as_u64().is_some_and(|ms| ms <= 2000), "{findings}");
+}
+
+/// `[status] page`: on by default for loopback clients, and `off` leaves `/` to JSON-RPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_on_the_main_listener_follows_its_switch() {
+    let anvil = Anvil::spawn();
+    let client = reqwest::Client::new();
+    let on = Sluice::serve(BIN, &anvil.http_url(), &[]);
+    let page = client.get(on.http_url()).header("accept", "text/html").send().await.expect("GET /");
+    assert_eq!(page.status(), 200);
+    let policy = page.headers()["content-security-policy"].to_str().expect("ascii").to_owned();
+    assert!(policy.starts_with("default-src 'none'"), "{policy}");
+    assert!(page.text().await.expect("body").contains("<title>sluice status</title>"));
+    // A JSON-RPC POST to / is still JSON-RPC.
+    let answer = rpc_result(&client, &on.http_url(), "eth_chainId", json!([])).await;
+    assert_eq!(answer, "0x7a69");
+    let mut live = client.get(format!("{}/status/live", on.http_url())).send().await.expect("live");
+    assert_eq!(live.headers()["content-type"], "text/event-stream");
+    let first = live.chunk().await.expect("a chunk").expect("an event");
+    assert!(String::from_utf8_lossy(&first).starts_with("event: status\ndata: {"), "{first:?}");
+
+    let off = Sluice::spawn_env(
+        BIN,
+        &["serve", "--listen", "127.0.0.1:0", "--upstream", &anvil.http_url()],
+        &[("SLUICE_STATUS__PAGE", "off")],
+    );
+    let page = client.get(off.http_url()).header("accept", "text/html").send().await.expect("GET /");
+    assert_eq!(page.status(), 405, "off: / is JSON-RPC only");
+    let live = client.get(format!("{}/status/live", off.http_url())).send().await.expect("live");
+    assert_eq!(live.status(), 404);
 }

@@ -92,11 +92,8 @@ impl PageAccess {
 /// Whether a request is a browser asking for a page: a `GET` accepting HTML, not a WebSocket
 /// upgrade (a WebSocket client's `GET /` stays a WebSocket).
 pub fn wants_page(method: &Method, headers: &HeaderMap) -> bool {
-    let accepts_html = headers
-        .get_all(http::header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("text/html"));
+    let accepts_html =
+        headers.get_all(http::header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).any(|v| v.contains("text/html"));
     method == Method::GET && accepts_html && !headers.contains_key(http::header::UPGRADE)
 }
 

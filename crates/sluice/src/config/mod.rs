@@ -70,6 +70,9 @@ pub struct Config {
     /// The status page on the main listener (`[status] page = "loopback" | "any" | "off"`).
     #[serde(default)]
     pub status: sluice_gateway::page::StatusConfig,
+    /// What replicas share beyond the cache and quotas: one head follower per network.
+    #[serde(default)]
+    pub cluster: sluice_cluster::ClusterConfig,
 }
 
 /// The method policy: denied methods are answered -32601 at once, never forwarded.

@@ -14,6 +14,14 @@
 //! Readers get an `Arc<ChainView>` snapshot from a watch channel (published first), then a
 //! [`ChainEvent`] on a broadcast channel: a reader never sees an event before the view that
 //! explains it.
+//!
+//! Replicas sharing a store follow as one ([`shared`]): one holds the lease and follows as
+//! above, publishing; the others read its feed.
+
+mod shared;
+
+use shared::RENEW;
+pub use shared::{HeadNews, Role, SharedHeads, StoreError};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,13 +82,15 @@ pub struct HeadFeed {
     pub events: broadcast::Sender<ChainEvent>,
     /// Blocks answers named above the head, which the watcher fetches and calls wait for.
     pub seen: Arc<Seen>,
+    /// This replica's part in following, when replicas share it (for `/status`).
+    pub role: Option<watch::Receiver<Role>>,
 }
 
 impl HeadFeed {
     /// A feed that never moves, for components used without a head watcher.
     pub fn fixed(view: ChainView) -> (Self, watch::Sender<Arc<ChainView>>) {
         let (tx, rx) = watch::channel(Arc::new(view));
-        (Self { view: rx, events: broadcast::channel(16).0, seen: Arc::new(Seen::new(CATCH_UP)) }, tx)
+        (Self { view: rx, events: broadcast::channel(16).0, seen: Arc::new(Seen::new(CATCH_UP)), role: None }, tx)
     }
 
     /// The head as the pipeline of network `network` sees it: one view per call, and what
@@ -98,6 +108,22 @@ pub fn spawn_head_watcher(
     ws_urls: Vec<(String, String)>,
     config: HeadConfig,
 ) -> HeadFeed {
+    spawn_shared_head_watcher(upstream, ws_urls, config, None)
+}
+
+/// As [`spawn_head_watcher`], one follower for the replicas that share `shared` (see
+/// [`shared`]): this replica follows the chain only while it holds the lease.
+pub fn spawn_shared_head_watcher(
+    upstream: Arc<dyn Upstreams>,
+    ws_urls: Vec<(String, String)>,
+    config: HeadConfig,
+    shared: Option<Arc<dyn SharedHeads>>,
+) -> HeadFeed {
+    let role = shared.clone().map(|store| {
+        let (tx, rx) = watch::channel(Role::Alone);
+        tokio::spawn(shared::keep_lease(store, tx, config.network.clone()));
+        rx
+    });
     let (view_tx, view) = watch::channel(Arc::new(ChainView::default()));
     let (events, _) = broadcast::channel(1024);
     let seen = Arc::new(Seen::new(config.catch_up));
@@ -112,9 +138,11 @@ pub fn spawn_head_watcher(
         polled: None,
         config,
         backfilled: false,
+        shared,
+        role: role.clone(),
     };
     tokio::spawn(watcher.run(ws_urls));
-    HeadFeed { view, events, seen }
+    HeadFeed { view, events, seen, role }
 }
 
 struct Watcher {
@@ -133,6 +161,23 @@ struct Watcher {
     finality: FinalityClock,
     /// When the head was last polled.
     polled: Option<std::time::Instant>,
+    /// The store replicas share following through, when there is one.
+    shared: Option<Arc<dyn SharedHeads>>,
+    /// This replica's part, as the lease task tells it (with a store).
+    role: Option<watch::Receiver<Role>>,
+}
+
+/// Resolves when this replica becomes a reader of the shared feed (never, without a store).
+async fn became_reader(role: &mut Option<watch::Receiver<Role>>) {
+    let Some(role) = role else { return std::future::pending().await };
+    loop {
+        if role.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if *role.borrow() == Role::Reader {
+            return;
+        }
+    }
 }
 
 /// The longest wait between attempts to subscribe again, while following by polling.
@@ -140,15 +185,26 @@ const MAX_RESUBSCRIBE: Duration = Duration::from_secs(60);
 
 impl Watcher {
     async fn run(mut self, ws_urls: Vec<(String, String)>) {
+        if let Some(role) = &mut self.role {
+            // The lease task's first answer: a replica beside a follower must not backfill.
+            let _ = tokio::time::timeout(RENEW, role.changed()).await;
+        }
         let mut next = 0;
         let mut wait = self.config.resubscribe_every;
         // Sockets whose failure was logged at warn since they last worked: the next attempts,
         // less and less often, log at debug (an HTTP-only provider would fill the log).
         let mut told: std::collections::HashSet<String> = Default::default();
         loop {
+            if self.reads_shared() {
+                self.follow_shared().await;
+                continue;
+            }
             // One round over the sockets, starting after the last one that failed; polling
             // through the pool (which fails over) covers the time in between.
             for _ in 0..ws_urls.len() {
+                if self.reads_shared() {
+                    break;
+                }
                 let (member, url) = &ws_urls[next % ws_urls.len()];
                 match self.follow_subscription(url, member).await {
                     Ok(()) => {
@@ -163,6 +219,9 @@ impl Watcher {
                     Err(why) => tracing::debug!(%why, %url, "newHeads subscription still unavailable"),
                 }
                 next += 1;
+            }
+            if self.reads_shared() {
+                continue;
             }
             self.poll_for(wait).await;
             // A member without a WebSocket is asked less and less often.
@@ -195,7 +254,7 @@ impl Watcher {
                     match serde_json::from_str::<Header>(event.result.get()) {
                         Ok(header) => {
                             self.upstream.member_head(member, header.number, &header.hash);
-                            self.ingest(header).await;
+                            self.ingest(header, Some(member)).await;
                         }
                         Err(e) => tracing::warn!(error = %e, "newHeads sent an unreadable header"),
                     }
@@ -207,6 +266,7 @@ impl Watcher {
                     silent_until = Instant::now() + self.cadence.silence_limit();
                 }
                 Ok(()) = self.hints.changed() => self.follow_hint().await,
+                _ = became_reader(&mut self.role) => break,
             }
         }
         Ok(())
@@ -228,6 +288,7 @@ impl Watcher {
                 tokio::select! {
                     _ = tokio::time::sleep_until(next) => break,
                     Ok(()) = self.hints.changed() => self.follow_hint().await,
+                    _ = became_reader(&mut self.role) => return,
                 }
             }
             if next >= deadline {
@@ -262,7 +323,7 @@ impl Watcher {
             _ => None,
         };
         match header {
-            Some(header) => self.ingest(header).await,
+            Some(header) => self.ingest(header, None).await,
             None => tracing::debug!(number = block.number, "a block an answer named could not be fetched"),
         }
     }
@@ -275,15 +336,16 @@ impl Watcher {
             }
         }
         if let Some(header) = self.fetch_header(r#"["latest",false]"#, "eth_getBlockByNumber").await {
-            self.ingest(header).await;
+            self.ingest(header, None).await;
         }
     }
 
-    /// Feeds a header, fetching parents the tracker asks for, then publishes.
-    async fn ingest(&mut self, header: Header) {
+    /// Feeds a header (announced by `member`, when a notification), fetching parents the
+    /// tracker asks for, then publishes (and shares, when this replica is the follower).
+    async fn ingest(&mut self, header: Header, member: Option<&str>) {
         let mut pending = vec![header];
         let mut fork_point: Option<u64> = None;
-        let mut moved = false;
+        let mut fed: Vec<Header> = Vec::new();
         while let Some(next) = pending.last().cloned() {
             match self.tracker.feed(next) {
                 Feed::NeedParent { hash, .. } => {
@@ -298,20 +360,21 @@ impl Watcher {
                 }
                 Feed::Reorg { fork_point: at } => {
                     fork_point = Some(fork_point.map_or(at, |f: u64| f.min(at)));
-                    moved = true;
-                    pending.pop();
+                    fed.extend(pending.pop());
                 }
-                Feed::Extended => {
-                    moved = true;
-                    pending.pop();
-                }
+                Feed::Extended => fed.extend(pending.pop()),
                 Feed::Known | Feed::Stale => {
                     pending.pop();
                 }
             }
         }
-        if !moved {
+        if fed.is_empty() {
             return;
+        }
+        let newest = fed.len() - 1;
+        for (i, header) in fed.into_iter().enumerate() {
+            let member = if i == newest { member.map(str::to_owned) } else { None };
+            self.share(HeadNews::Header { header, member }).await;
         }
         if !self.backfilled {
             self.backfilled = true;
@@ -324,10 +387,17 @@ impl Watcher {
             if let Some(interval) = self.cadence.interval().filter(|t| Some(*t) != pace) {
                 self.upstream.block_interval(interval);
             }
-            if self.finality.due(latest) {
+            // A reader takes finality from the follower's feed.
+            if self.finality.due(latest) && !self.reads_shared() {
                 self.refresh_finality(latest).await;
             }
         }
+        self.publish_view(fork_point);
+    }
+
+    /// Publishes the tracker's view, then the events it explains.
+    fn publish_view(&mut self, fork_point: Option<u64>) {
+        let latest = self.tracker.latest();
         let view = Arc::new(self.tracker.view());
         self.view_tx.send_replace(view);
         if let Some(fork_point) = fork_point {
@@ -341,6 +411,16 @@ impl Watcher {
         }
     }
 
+    /// Sets the node's safe and finalized heights (lower bounds: finality only moves forward).
+    fn set_finality(&mut self, safe: Option<u64>, finalized: Option<u64>) {
+        if let Some(n) = finalized {
+            self.tracker.set_finalized(n);
+        }
+        if let Some(n) = safe {
+            self.tracker.set_safe(n);
+        }
+    }
+
     /// At start, fills the window below the first head (newest first, in batches), so that
     /// recent blocks are cacheable at once instead of only once they are finalized.
     async fn backfill(&mut self) {
@@ -350,6 +430,7 @@ impl Watcher {
         // after three heads seen live.
         let mut stamps: Vec<(u64, u64)> =
             self.tracker.view().tip.iter().filter_map(|h| Some((h.number, h.timestamp?))).collect();
+        let mut backfilled: Vec<Header> = Vec::new();
         while self.tracker.room_below() > 0 {
             let Some((lowest, _)) = self.tracker.lowest() else { break };
             let count = (self.tracker.room_below() as u64).min(BATCH);
@@ -369,9 +450,11 @@ impl Watcher {
                 };
                 // Stops at the first block that does not link (a reorg meanwhile, a pruned node).
                 let stamp = header.as_ref().and_then(|h| Some((h.number, h.timestamp?)));
-                if !header.is_some_and(|h| self.tracker.prepend(h)) {
+                let Some(header) = header else { break };
+                if !self.tracker.prepend(header.clone()) {
                     break;
                 }
+                backfilled.push(header);
                 stamps.extend(stamp);
                 linked += 1;
             }
@@ -383,6 +466,7 @@ impl Watcher {
         if filled > 0 {
             tracing::info!(blocks = filled, "backfilled the head tracker's window");
         }
+        self.share_window(&backfilled).await;
         if self.cadence.interval().is_none() {
             self.cadence.seed(&stamps);
             if let Some(interval) = self.cadence.interval() {
@@ -409,13 +493,9 @@ impl Watcher {
             Err(_) => None,
         };
         let (finalized, safe) = (number(0), number(1));
-        if let Some(n) = finalized {
-            self.tracker.set_finalized(n);
-        }
-        if let Some(n) = safe {
-            self.tracker.set_safe(n);
-        }
+        self.set_finality(safe, finalized);
         self.finality.read(head, safe, finalized);
+        self.share(HeadNews::Finality { safe, finalized, at: head }).await;
     }
 
     async fn fetch_header(&self, params: &str, method: &str) -> Option<Header> {
