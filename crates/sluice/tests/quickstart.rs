@@ -86,10 +86,19 @@ fn the_quickstart_runs_as_a_user_without_root_or_the_test_tools() {
 
     let port = free_port();
     let started = Instant::now();
+    // The machine's own network settings (its CA bundle, proxies) are the new user's too.
+    let network: Vec<String> = std::env::vars()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_uppercase();
+            ["CA_CERT", "CA_BUNDLE", "CERT_FILE", "CERT_DIR", "CAINFO", "PROXY"].iter().any(|part| k.contains(part))
+        })
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     let mut dev = Command::new("runuser");
     dev.args(["-u", USER, "--", "env", "-i"])
         .arg(format!("HOME={}", home.display()))
         .arg(format!("PATH={path}"))
+        .args(&network)
         .args(["bash", "scripts/dev.sh", "--listen", &format!("127.0.0.1:{port}")])
         .current_dir(&clone)
         .stdout(Stdio::piped())
