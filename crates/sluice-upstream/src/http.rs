@@ -298,6 +298,10 @@ impl Node for HttpUpstream {
         self.connections.wake_on_close(wake);
     }
 
+    async fn listening(&self) -> Option<bool> {
+        self.connections.listening(self.config.timeout.min(Duration::from_secs(5))).await
+    }
+
     fn timeout(&self) -> Duration {
         self.config.timeout
     }

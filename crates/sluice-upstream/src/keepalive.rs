@@ -256,6 +256,19 @@ impl Connections {
         Ok(Conn { sender, retired })
     }
 
+    /// Whether anything listens at the node's address: a TCP connection made and dropped, no
+    /// request sent. `Some(false)` when refused; `None` when it cannot tell (a timeout, a name
+    /// that does not resolve).
+    pub async fn listening(&self, within: Duration) -> Option<bool> {
+        let host = self.origin.host()?.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let port = self.origin.port_u16().unwrap_or(if self.origin.scheme_str() == Some("https") { 443 } else { 80 });
+        match tokio::time::timeout(within, tokio::net::TcpStream::connect((host.as_str(), port))).await {
+            Ok(Ok(_)) => Some(true),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(false),
+            _ => None,
+        }
+    }
+
     /// How many connections the node has closed so far (sluice's own retirements aside).
     pub fn closed_by_node(&self) -> u64 {
         self.closes.count.load(Ordering::Relaxed)

@@ -97,6 +97,11 @@ pub trait Node: Send + Sync + 'static {
     }
     /// Wakes `wake` whenever the node closes a connection (a node that dies closes them all).
     fn wake_on_close(&self, _wake: std::sync::Arc<tokio::sync::Notify>) {}
+    /// Whether anything listens at the node's address (a connection made and dropped, no
+    /// request): `Some(false)` when the connection is refused, `None` when it cannot tell.
+    async fn listening(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// An answer and where it came from.

@@ -183,6 +183,16 @@ impl<N: Node> Pool<N> {
         }
     }
 
+    /// Member `member` refused a connection: nothing listens there, so its circuit opens now.
+    pub(crate) fn member_down(&self, member: usize) {
+        let mut state = self.members[member].state();
+        state.breaker.on_down(Instant::now());
+        state.last_error = Some(UpstreamError::Refused);
+        drop(state);
+        tracing::warn!(network = %self.config.network, upstream = %self.members[member].node.name(),
+            "upstream closed its connections and refuses new ones: out until it answers again");
+    }
+
     /// Records a member's head (and its hash, which it then is known to have).
     pub fn set_head(&self, member: usize, number: u64, hash: Option<&str>) {
         if let Some(m) = self.members.get(member) {

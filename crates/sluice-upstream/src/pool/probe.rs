@@ -6,8 +6,8 @@
 //! and a half (its `newHeads` notification, the head feed's poll, an answer naming its head) is
 //! not asked: on an idle deployment the members the head feed follows cost no probe at all, and
 //! the others one per block or so ([`wants_probe`]). A member that closed a connection itself
-//! is asked at once, whatever its freshness: a node that dies closes them all, and its circuit
-//! opens on the probe's refused connection within moments, with no client call spent on it.
+//! (a node that dies closes them all) is looked at once, by a TCP connect and no call: nothing
+//! listening there opens its circuit within moments, with no client call spent on it.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>, closed: Arc<tokio::sync::N
         Some(p) => (p.config.probe_interval, p.members.iter().map(|m| m.node.closed_by_node()).collect::<Vec<_>>()),
         None => return,
     };
-    // When each member was last probed for a connection it closed.
+    // When each member was last looked at for a connection it closed.
     let mut looked: Vec<Option<Instant>> = vec![None; closes.len()];
     let mut tick = tokio::time::interval(interval);
     loop {
@@ -40,21 +40,45 @@ pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>, closed: Arc<tokio::sync::N
         };
         let Some(pool) = pool.upgrade() else { return };
         let now = Instant::now();
-        let fresh = freshness(interval, pool.block_interval());
-        let due: Vec<usize> = (0..pool.members.len())
+        // A member that closed a connection itself: is anything still listening? A TCP connect,
+        // no call: free at a metered provider, and it carries no request, so it cannot close
+        // anything that would wake this again.
+        let dropped: Vec<usize> = (0..pool.members.len())
             .filter(|&i| {
                 let count = pool.members[i].node.closed_by_node();
                 let before = closes.get_mut(i).map(|seen| std::mem::replace(seen, count));
-                let last = looked.get(i).copied().flatten();
-                let dropped = before.is_some_and(|b| b != count) && closed_is_news(last, now, fresh);
-                if dropped {
+                let news = before.is_some_and(|b| b != count) && closed_is_news(looked.get(i).copied().flatten(), now);
+                if news {
                     if let Some(at) = looked.get_mut(i) {
                         *at = Some(now);
                     }
                 }
+                news
+            })
+            .collect();
+        let pool_ref = &pool;
+        let checks = dropped.iter().map(|&i| async move {
+            // A killed node's connections can close a moment before its listening socket does:
+            // still listening at once is asked again a little later.
+            for wait in [Duration::ZERO, RECHECK] {
+                tokio::time::sleep(wait).await;
+                match pool_ref.members[i].node.listening().await {
+                    Some(false) => return pool_ref.member_down(i),
+                    Some(true) => continue,
+                    None => return,
+                }
+            }
+        });
+        futures_util::future::join_all(checks).await;
+        if woken {
+            publish(&pool);
+            continue;
+        }
+        let fresh = freshness(interval, pool.block_interval());
+        let due: Vec<usize> = (0..pool.members.len())
+            .filter(|&i| {
                 let state = pool.members[i].state();
-                // Woken by a closed connection: only the members that closed one.
-                dropped || (!woken && wants_probe(state.breaker.state(now), state.heard, now, fresh))
+                wants_probe(state.breaker.state(now), state.heard, now, fresh)
             })
             .collect();
         let probes = due.into_iter().map(|i| probe_one(&pool, i));
@@ -64,13 +88,16 @@ pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>, closed: Arc<tokio::sync::N
     }
 }
 
-/// Whether a member closing a connection is worth a probe: not when one was probed for that
-/// within `fresh`. A node that closes every connection soon after use (`Connection: close`, a
-/// short keep-alive timeout) then costs at most the idle prober's cadence, and the probe's own
-/// connection, closed in turn, wakes nothing: no loop of probes on an idle deployment.
-pub(super) fn closed_is_news(last: Option<Instant>, now: Instant, fresh: Duration) -> bool {
-    last.is_none_or(|at| now.saturating_duration_since(at) >= fresh)
+/// Whether a member closing a connection is worth a look: at most one a second (a node that
+/// closes every connection after its answer, under load, is looked at no more often).
+pub(super) fn closed_is_news(last: Option<Instant>, now: Instant) -> bool {
+    last.is_none_or(|at| now.saturating_duration_since(at) >= CLOSE_LOOKS)
 }
+
+/// The shortest time between two looks at a member for connections it closed.
+const CLOSE_LOOKS: Duration = Duration::from_secs(1);
+/// When a member that closed a connection still listens, how long until it is asked again.
+const RECHECK: Duration = Duration::from_millis(250);
 
 /// How long a member's head stays as good as probed: a block and a half (so that a member
 /// announcing every block is never asked, whatever the jitter), at least one probe interval;
@@ -194,11 +221,10 @@ mod tests {
     }
 
     #[test]
-    fn a_closed_connection_is_probed_once_per_freshness_window() {
+    fn closed_connections_are_looked_at_once_a_second_at_most() {
         let now = Instant::now();
-        let fresh = Duration::from_secs(10);
-        assert!(closed_is_news(None, now, fresh), "the first close is looked at");
-        assert!(!closed_is_news(Some(now - Duration::from_secs(1)), now, fresh), "the probe's own close is not");
-        assert!(closed_is_news(Some(now - fresh), now, fresh));
+        assert!(closed_is_news(None, now), "the first close is looked at");
+        assert!(!closed_is_news(Some(now - Duration::from_millis(300)), now));
+        assert!(closed_is_news(Some(now - CLOSE_LOOKS), now));
     }
 }

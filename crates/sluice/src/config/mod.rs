@@ -307,6 +307,8 @@ pub const KEYS: &[&str] = &[
     "mesh",
     "networks",
     "telemetry",
+    "status",
+    "cluster",
 ];
 /// `SLUICE_` variables read elsewhere: `SLUICE_UPSTREAM`, `SLUICE_CONFIG`, `SLUICE_LOG`,
 /// `SLUICE_LOG_FORMAT`, `SLUICE_ANVIL` (`sluice dev`).
