@@ -204,6 +204,8 @@ impl Jwt {
         }
         let grant = Arc::new(self.verify(token)?);
         self.verified.insert(digest, grant.clone());
+        // Bounded by REMEMBERED; shown so that an operator sees how full it runs.
+        metrics::gauge!("sluice_access_jwt_remembered").set(self.verified.entry_count() as f64);
         Ok(grant)
     }
 

@@ -119,8 +119,13 @@ impl Usage {
                 !by_day.is_empty()
             });
         }
+        let new_caller = !days.contains_key(caller);
         for (method, cost) in calls {
             add(&mut days, caller, day, method, Tally { calls: 1, units: u64::from(*cost) });
+        }
+        if new_caller {
+            // Callers of the last KEEP_DAYS days, each with at most MAX_METHODS methods a day.
+            metrics::gauge!("sluice_access_usage_callers").set(days.len() as f64);
         }
         drop(days);
         if self.redis.is_some() {

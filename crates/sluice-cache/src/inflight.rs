@@ -70,6 +70,7 @@ struct Lead {
     flights: Flights,
     key: String,
     tx: watch::Sender<Option<Shared>>,
+    gauge: metrics::Gauge,
 }
 
 impl Lead {
@@ -83,6 +84,7 @@ impl Drop for Lead {
         if let Ok(mut map) = self.flights.lock() {
             map.remove(&self.key);
         }
+        self.gauge.decrement(1.0);
     }
 }
 
@@ -95,12 +97,15 @@ enum Claim {
 pub struct CoalesceLayer {
     inner: Arc<dyn Upstreams>,
     flights: Flights,
+    /// `sluice_coalesce_in_flight`: distinct reads in flight, each led by one call (so at most
+    /// the calls in flight, `limits.max_in_flight` per listener and the internal ones).
+    gauge: metrics::Gauge,
 }
 
 impl CoalesceLayer {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn Upstreams>) -> Self {
-        Self { inner, flights: Arc::default() }
+        Self { inner, flights: Arc::default(), gauge: metrics::gauge!("sluice_coalesce_in_flight") }
     }
 
     fn claim(&self, key: String) -> Claim {
@@ -110,7 +115,8 @@ impl CoalesceLayer {
         }
         let (tx, rx) = watch::channel(None);
         map.insert(key.clone(), rx);
-        Claim::Lead(Lead { flights: self.flights.clone(), key, tx })
+        self.gauge.increment(1.0);
+        Claim::Lead(Lead { flights: self.flights.clone(), key, tx, gauge: self.gauge.clone() })
     }
 
     /// A follower's answer: the leader's, or its own call if the leader went away.

@@ -64,6 +64,8 @@ struct Shared {
     /// `sluice_aggregate_calls_total` by outcome, in the order of [`OUTCOMES`].
     calls: [metrics::Counter; OUTCOMES.len()],
     batches: metrics::Counter,
+    /// `sluice_aggregate_groups`: groups filling now (each lives one window at most).
+    filling: metrics::Gauge,
 }
 
 /// Multicall3 aggregation of `eth_call`, as a layer of the request path (see the crate docs).
@@ -92,6 +94,7 @@ impl AggregateLayer {
             next_group: AtomicU64::new(0),
             calls,
             batches,
+            filling: metrics::gauge!("sluice_aggregate_groups", "network" => network.to_owned()),
         });
         Self { shared }
     }
@@ -210,10 +213,12 @@ impl Shared {
                 tokio::time::sleep(window).await;
                 let due = {
                     let mut groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
-                    match groups.get(&key) {
+                    let due = match groups.get(&key) {
                         Some(g) if g.id == id => groups.remove(&key),
                         _ => None, // it filled up and left already
-                    }
+                    };
+                    shared.filling.set(groups.len() as f64);
+                    due
                 };
                 if let Some(group) = due {
                     shared.send(group, key).await;
@@ -228,6 +233,7 @@ impl Shared {
                 tokio::spawn(self.clone().send(full, block));
             }
         }
+        self.filling.set(groups.len() as f64);
         receiver
     }
 

@@ -274,9 +274,12 @@ async fn dev_starts_anvil_serves_it_and_stops_it() {
 
 #[tokio::test]
 async fn json_logs_carry_the_request_id() {
-    let anvil = sluice_testkit::Anvil::spawn();
+    // A node that cuts its answers short: the request's upstream call fails, and sluice warns
+    // about it inside the request's span. (A node that is gone is taken out before the request
+    // reaches it: its refused connection opens its circuit at once.)
+    let node = FakeUpstream::spawn(Fault::Truncated).await;
     let mut child = std::process::Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", &anvil.http_url()])
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", &node.url])
         .env("SLUICE_LOG", "debug")
         .env("SLUICE_LOG_FORMAT", "json")
         .env("SLUICE_CACHE__ENABLED", "false")
@@ -299,8 +302,7 @@ async fn json_logs_carry_the_request_id() {
             let _ = lines_tx.send(line);
         }
     });
-    // The node goes away; the failed upstream call is logged inside the request's span.
-    drop(anvil);
+    // The failed upstream call is logged inside the request's span.
     let client = reqwest::Client::new();
     let response = client
         .post(format!("http://{addr}"))
