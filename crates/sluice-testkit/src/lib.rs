@@ -256,6 +256,18 @@ impl Sluice {
         Self::spawn(bin, &args)
     }
 
+    /// The admin API's base URL, from the `sluice admin on …` line it printed at start.
+    ///
+    /// # Panics
+    /// When it printed none (no `[access.admin]`).
+    pub fn admin_url(&self) -> String {
+        self.preamble
+            .iter()
+            .find_map(|l| l.strip_prefix("sluice admin on "))
+            .unwrap_or_else(|| panic!("no admin line in {:?}", self.preamble))
+            .to_owned()
+    }
+
     /// `http://ADDR`.
     pub fn http_url(&self) -> String {
         format!("http://{}", self.addr)

@@ -33,12 +33,7 @@ fn replica(anvil: &Anvil, dir: &Path, name: &str, extra: &str) -> (Sluice, Strin
     );
     std::fs::write(&path, text).unwrap();
     let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()]);
-    let admin = sluice
-        .preamble
-        .iter()
-        .find_map(|l| l.strip_prefix("sluice admin on "))
-        .unwrap_or_else(|| panic!("no admin line in {:?}", sluice.preamble))
-        .to_owned();
+    let admin = sluice.admin_url();
     (sluice, admin)
 }
 

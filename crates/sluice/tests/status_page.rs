@@ -30,12 +30,7 @@ async fn the_status_page_shows_members_and_turns_a_dead_one_red() {
     );
     std::fs::write(&config, text).expect("config written");
     let sluice = Sluice::spawn(BIN, &["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().expect("utf-8")]);
-    let admin = sluice
-        .preamble
-        .iter()
-        .find_map(|l| l.strip_prefix("sluice admin on "))
-        .unwrap_or_else(|| panic!("no admin line in {:?}", sluice.preamble))
-        .to_owned();
+    let admin = sluice.admin_url();
     // Load through a key: estimates are never cached, so the calls reach both members.
     let target = format!("{}/k-open", sluice.http_url());
     let estimate = r#"[{"from":"0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266","to":"0x70997970c51812dc3a010c7d01b50e0d17dc79c8","value":"0x1"}]"#;
