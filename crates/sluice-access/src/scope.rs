@@ -1,16 +1,13 @@
 //! What one key (or token) may reach: networks, methods and contracts. Pure.
 //!
 //! Each list is optional: empty means no limit. The contract list applies to the calls that
-//! name a contract to act on: `eth_call`, `eth_estimateGas` and `eth_createAccessList` (their
-//! `to`), and `eth_sendRawTransaction` (the decoded transaction's `to`). A contract creation
-//! has no `to` and is outside any contract list.
+//! name a contract to act on (the method table's `acts_on`): `eth_call`, `eth_estimateGas` and
+//! `eth_createAccessList` (their `to`), and every submission of a signed transaction (the
+//! decoded transaction's `to`). A contract creation has no `to` and is outside any contract
+//! list.
 
 use serde::{Deserialize, Serialize};
-
-/// Methods whose call names a contract in `params[0].to`.
-pub const CALL_METHODS: &[&str] = &["eth_call", "eth_estimateGas", "eth_createAccessList"];
-/// Methods whose call carries a signed transaction in `params[0]`.
-pub const RAW_TX_METHODS: &[&str] = &["eth_sendRawTransaction", "eth_sendRawTransactionSync"];
+use sluice_chain::methods::ActsOn;
 
 /// True when `method` matches `pattern`: an exact name, or a `prefix*`.
 pub fn method_matches(pattern: &str, method: &str) -> bool {
@@ -83,7 +80,7 @@ impl Scope {
 
     /// True when the contract list applies to `method` (so the gateway must read its target).
     pub fn needs_target(&self, method: &str) -> bool {
-        !self.contracts.is_empty() && (CALL_METHODS.contains(&method) || RAW_TX_METHODS.contains(&method))
+        !self.contracts.is_empty() && sluice_chain::method_info(method).acts_on != ActsOn::Nothing
     }
 
     /// Refuses a network outside the list, with the message to send.

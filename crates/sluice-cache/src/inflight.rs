@@ -5,8 +5,8 @@
 //! Calls it passes through (a block the head tracker has not seen yet, `latest` reads it
 //! cannot pin, uncacheable reads such as traces and gas estimates) reach this layer, which
 //! joins a call to an identical one in flight: same network, method and params text.
-//! Methods with effects are never joined, except `eth_sendRawTransaction`, whose identical
-//! params are the same transaction (the same hash).
+//! Which methods join is the method table's `join`: reads, and submissions, whose identical
+//! params are the same transaction (the same hash); never methods with other effects.
 //!
 //! The first caller (the leader) makes the call itself, so the fast path spawns nothing. If the
 //! leader goes away before its answer, its followers make the call on their own instead of
@@ -22,36 +22,6 @@ use tracing::Instrument;
 
 type Shared = Result<Answer, UpstreamError>;
 type Flights = Arc<Mutex<HashMap<String, watch::Receiver<Option<Shared>>>>>;
-
-/// Whether identical concurrent calls of `method` may share one answer: reads, and the same
-/// transaction sent twice. Pure.
-pub fn joinable(method: &str) -> bool {
-    if method == "eth_getFilterChanges" || method == "eth_getWork" {
-        return false; // these consume state on the node
-    }
-    method.starts_with("eth_get")
-        || method.starts_with("debug_trace")
-        || method.starts_with("trace_")
-        || matches!(
-            method,
-            "eth_call"
-                | "eth_estimateGas"
-                | "eth_createAccessList"
-                | "eth_blockNumber"
-                | "eth_chainId"
-                | "eth_gasPrice"
-                | "eth_maxPriorityFeePerGas"
-                | "eth_feeHistory"
-                | "eth_blobBaseFee"
-                | "eth_syncing"
-                | "eth_protocolVersion"
-                | "net_version"
-                | "net_listening"
-                | "net_peerCount"
-                | "web3_clientVersion"
-                | "eth_sendRawTransaction"
-        )
-}
 
 /// The key: network, method and params exactly as they will be sent.
 fn key(call: &Call) -> String {
@@ -143,7 +113,7 @@ impl CoalesceLayer {
 #[async_trait]
 impl Upstreams for CoalesceLayer {
     async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
-        if !joinable(call.method()) {
+        if !call.info.join {
             return self.inner.call(call).await;
         }
         match self.claim(key(call)) {
@@ -165,7 +135,7 @@ impl Upstreams for CoalesceLayer {
         let mut seen: HashMap<String, usize> = HashMap::new();
         let mut same: Vec<(usize, usize)> = Vec::new(); // a duplicate inside this batch → its first
         for (i, call) in calls.iter().enumerate() {
-            if !joinable(call.method()) {
+            if !call.info.join {
                 leads.push((i, None));
                 continue;
             }

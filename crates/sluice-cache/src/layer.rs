@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::coalesce::Coalescer;
 use crate::memory::{Entry, MemoryTier};
-use crate::policy::{admit, plan, Cacheable, Plan};
+use crate::policy::{admit, plan_row, Cacheable, Plan};
 use crate::redis_tier::RedisTier;
 
 /// This layer's metric handles, labelled with its network, registered once when it is built.
@@ -115,7 +115,7 @@ impl CacheLayer {
     /// resolved for a call whose view is behind what its client may have been shown.
     fn plan(&self, call: &Call) -> Plan {
         match call.ctx.view.resolve(&self.shared.view) {
-            Some(view) => plan(call.method(), call.req.params_text(), &view),
+            Some(view) => plan_row(call.info, call.req.params_text(), &view),
             None => Plan::Pass,
         }
     }

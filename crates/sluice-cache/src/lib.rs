@@ -15,7 +15,7 @@ pub mod policy;
 mod redis_tier;
 
 pub use coalesce::Coalescer;
-pub use inflight::{joinable, CoalesceLayer};
+pub use inflight::CoalesceLayer;
 pub use layer::CacheLayer;
 pub use memory::{Entry, MemoryTier};
 pub use redis_tier::{RedisConfig, RedisTier};

@@ -17,7 +17,8 @@
 //! reorg happened while it was in flight (the view's epoch is unchanged).
 
 use serde_json::Value;
-use sluice_chain::{block_position, BlockNeed, BlockTag, ChainView, Resolved};
+use sluice_chain::methods::{ActsOn, CacheRule, Names};
+use sluice_chain::{method_info, BlockNeed, BlockTag, ChainView, MethodInfo, Resolved};
 
 /// What to do with one call.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,23 +59,21 @@ pub enum Lifetime {
     WhenFinalized,
 }
 
-/// Where the block parameter sits for the methods cached by block, and whether the method
-/// accepts EIP-1898 `{blockHash}` (the table is `sluice_chain::block_position`, shared with
-/// routing; gas estimates and access lists are not cached).
-fn block_param(method: &str) -> Option<(usize, bool)> {
-    match method {
-        "eth_estimateGas" | "eth_createAccessList" | "eth_getUncleByBlockNumberAndIndex" => None,
-        _ => block_position(method),
-    }
-}
-
 /// Plans one call against a snapshot of the chain.
 pub fn plan(method: &str, params: &str, view: &ChainView) -> Plan {
-    match method {
-        "eth_blockNumber" => return view.latest().map_or(Plan::Pass, |(n, _)| Plan::Local(n)),
-        "eth_chainId" => return view.chain_id.map_or(Plan::Pass, Plan::Local),
+    plan_row(method_info(method), params, view)
+}
+
+/// [`plan`] for a method whose table row the caller holds: the row's `cache` says what may be
+/// stored.
+pub fn plan_row(row: &MethodInfo, params: &str, view: &ChainView) -> Plan {
+    match row.cache {
+        CacheRule::Never => return Plan::Pass,
+        CacheRule::HeadNumber => return view.latest().map_or(Plan::Pass, |(n, _)| Plan::Local(n)),
+        CacheRule::ChainId => return view.chain_id.map_or(Plan::Pass, Plan::Local),
         _ => {}
     }
+    let method = row.name;
     let Ok(Value::Array(mut params)) = serde_json::from_str::<Value>(params) else {
         return Plan::Pass;
     };
@@ -88,22 +87,19 @@ pub fn plan(method: &str, params: &str, view: &ChainView) -> Plan {
             needs: None,
         })
     };
-    match method {
-        "net_version"
-        | "eth_getBlockByHash"
-        | "eth_getTransactionByBlockHashAndIndex"
-        | "eth_getBlockTransactionCountByHash"
-        | "eth_getUncleCountByBlockHash" => return immutable(&params),
-        "eth_getTransactionByHash" | "eth_getTransactionReceipt" => {
+    match row.cache {
+        CacheRule::Immutable => return immutable(&params),
+        CacheRule::WhenFinalized => {
             let Plan::Cache(mut c) = immutable(&params) else { unreachable!() };
             c.lifetime = Lifetime::WhenFinalized;
             return Plan::Cache(c);
         }
-        "eth_getLogs" => return plan_logs(params, view),
-        "eth_call" if params.len() > 2 => return Plan::Pass, // state overrides
+        CacheRule::Logs => return plan_logs(params, view),
+        // Params past the block of a call object are state overrides.
+        CacheRule::ByBlock if row.acts_on == ActsOn::CallObject && params.len() > 2 => return Plan::Pass,
         _ => {}
     }
-    let Some((index, takes_hash)) = block_param(method) else { return Plan::Pass };
+    let Some((index, takes_hash)) = row.block_position() else { return Plan::Pass };
     let tag = match params.get(index) {
         Some(value) => match BlockTag::parse(value) {
             Some(tag) => tag,
@@ -139,7 +135,7 @@ pub fn plan(method: &str, params: &str, view: &ChainView) -> Plan {
                 key: key(method, &params),
                 forward: Some(forward),
                 lifetime: if finalized { Lifetime::Immutable } else { Lifetime::UntilReorgAt(number) },
-                expect_hash: if method == "eth_getBlockByNumber" && !finalized { hash } else { None },
+                expect_hash: if row.names == Names::Block && !finalized { hash } else { None },
                 epoch: view.epoch,
                 needs: Some(needs),
             })

@@ -6,16 +6,19 @@
 //! * [`BlockNeed`]: which block a call needs, read once from its method and params.
 //! * [`ChainView`]: an immutable snapshot of the tracker that resolves tags without locks.
 //! * [`named_block`]: the block an answer names (a receipt's, a block's, the newest log's).
+//! * [`methods`]: the method table, everything sluice decides by a method's name.
 
 mod cadence;
+pub mod methods;
 mod named;
 mod need;
 mod tag;
 mod tracker;
 
 pub use cadence::{Cadence, FinalityClock, FINALITY_EVERY};
+pub use methods::{info as method_info, MethodInfo};
 pub use named::{may_name_block, named_block, NamedBlock};
-pub use need::{answers_null_when_unknown, block_position, reads_state, BlockNeed};
+pub use need::BlockNeed;
 
 pub use tag::parse_quantity;
 pub use tag::BlockTag;

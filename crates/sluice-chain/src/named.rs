@@ -8,6 +8,7 @@
 
 use serde::Deserialize;
 
+use crate::methods::{info, Names};
 use crate::tag::parse_quantity;
 
 /// A block an answer named.
@@ -21,19 +22,7 @@ pub struct NamedBlock {
 
 /// Whether answers of `method` may name a block (the methods [`named_block`] reads).
 pub fn may_name_block(method: &str) -> bool {
-    matches!(
-        method,
-        "eth_getTransactionReceipt"
-            | "eth_getTransactionByHash"
-            | "eth_getTransactionByBlockHashAndIndex"
-            | "eth_getTransactionByBlockNumberAndIndex"
-            | "eth_sendRawTransactionSync"
-            | "eth_getBlockByNumber"
-            | "eth_getBlockByHash"
-            | "eth_getBlockReceipts"
-            | "eth_getLogs"
-            | "eth_blockNumber"
-    )
+    info(method).names != Names::Nothing
 }
 
 /// An object that names its block as transactions, receipts and logs do. The fields borrow
@@ -62,20 +51,16 @@ pub fn named_block(method: &str, result: &str) -> Option<NamedBlock> {
     let named = |number: Option<&str>, hash: Option<&str>| {
         Some(NamedBlock { number: parse_quantity(number?)?, hash: hash.map(str::to_ascii_lowercase) })
     };
-    match method {
-        "eth_getTransactionReceipt"
-        | "eth_getTransactionByHash"
-        | "eth_getTransactionByBlockHashAndIndex"
-        | "eth_getTransactionByBlockNumberAndIndex"
-        | "eth_sendRawTransactionSync" => {
+    match info(method).names {
+        Names::Object => {
             let InBlock { number, hash } = serde_json::from_str::<Option<InBlock>>(result).ok()??;
             named(number, hash)
         }
-        "eth_getBlockByNumber" | "eth_getBlockByHash" => {
+        Names::Block => {
             let Block { number, hash } = serde_json::from_str::<Option<Block>>(result).ok()??;
             named(number, hash)
         }
-        "eth_getBlockReceipts" | "eth_getLogs" => {
+        Names::List => {
             let newest = serde_json::from_str::<Option<Vec<InBlock>>>(result)
                 .ok()??
                 .into_iter()
@@ -83,8 +68,8 @@ pub fn named_block(method: &str, result: &str) -> Option<NamedBlock> {
                 .max_by_key(|(number, _)| *number)?;
             Some(NamedBlock { number: newest.0, hash: newest.1.map(str::to_ascii_lowercase) })
         }
-        "eth_blockNumber" => named(serde_json::from_str::<&str>(result).ok(), None),
-        _ => None,
+        Names::Number => named(serde_json::from_str::<&str>(result).ok(), None),
+        Names::Nothing => None,
     }
 }
 

@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use crate::methods::{info, BlockParam, MethodInfo};
 use crate::tag::BlockTag;
 
 /// The block a call needs a node to have.
@@ -40,22 +41,25 @@ impl BlockNeed {
     /// Reads what `method` with these params needs. Unknown methods and unreadable params
     /// need [`BlockNeed::Any`]: the node will say what is wrong with them.
     pub fn of(method: &str, params: &str) -> BlockNeed {
-        match method {
-            "eth_blockNumber" | "eth_gasPrice" | "eth_maxPriorityFeePerGas" | "eth_blobBaseFee" | "eth_syncing" => {
-                return BlockNeed::Head
-            }
-            "eth_getLogs" => return logs_need(params),
-            _ => {}
-        }
-        if let Some(index) = hash_position(method) {
-            return match nth(params, index) {
-                Some(Value::String(hash)) if is_hash(&hash) => {
-                    BlockNeed::Hash { hash: hash.to_ascii_lowercase(), number: None }
+        BlockNeed::of_row(info(method), params)
+    }
+
+    /// [`BlockNeed::of`] for a method whose table row the caller holds.
+    pub fn of_row(method: &MethodInfo, params: &str) -> BlockNeed {
+        let index = match method.block {
+            BlockParam::None => return BlockNeed::Any,
+            BlockParam::Head => return BlockNeed::Head,
+            BlockParam::Filter => return logs_need(params),
+            BlockParam::Hash(index) => {
+                return match nth(params, index) {
+                    Some(Value::String(hash)) if is_hash(&hash) => {
+                        BlockNeed::Hash { hash: hash.to_ascii_lowercase(), number: None }
+                    }
+                    _ => BlockNeed::Any,
                 }
-                _ => BlockNeed::Any,
-            };
-        }
-        let Some((index, _)) = block_position(method) else { return BlockNeed::Any };
+            }
+            BlockParam::At { index, .. } => index,
+        };
         let Ok(Value::Array(params)) = serde_json::from_str::<Value>(params) else { return BlockNeed::Any };
         match params.get(index) {
             // An omitted block parameter means `latest` for these methods.
@@ -97,77 +101,6 @@ impl BlockNeed {
     /// so that "unknown block" from one node may be answered by another.
     pub fn is_specific(&self) -> bool {
         matches!(self, BlockNeed::Number(_) | BlockNeed::Hash { .. } | BlockNeed::Range { .. })
-    }
-}
-
-/// Where the block parameter sits in a method's params, and whether the method accepts an
-/// EIP-1898 `{blockHash}` object there. One table for the cache and for routing.
-pub fn block_position(method: &str) -> Option<(usize, bool)> {
-    Some(match method {
-        "eth_getBlockByNumber"
-        | "eth_getTransactionByBlockNumberAndIndex"
-        | "eth_getBlockTransactionCountByNumber"
-        | "eth_getUncleCountByBlockNumber"
-        | "eth_getUncleByBlockNumberAndIndex" => (0, false),
-        "eth_getBlockReceipts" => (0, true),
-        "eth_getBalance"
-        | "eth_getCode"
-        | "eth_getTransactionCount"
-        | "eth_call"
-        | "eth_estimateGas"
-        | "eth_createAccessList" => (1, true),
-        "eth_feeHistory" => (1, false),
-        "eth_getStorageAt" | "eth_getProof" => (2, true),
-        _ => return None,
-    })
-}
-
-/// What a method reads at its block: the state (balances, code, storage, calls), which pruned
-/// nodes drop first, or the chain's data (headers, bodies, receipts, logs), which they keep
-/// longer. Routing by a member's lowest block asks for the one the call reads.
-pub fn reads_state(method: &str) -> bool {
-    matches!(
-        method,
-        "eth_getBalance"
-            | "eth_getCode"
-            | "eth_getTransactionCount"
-            | "eth_call"
-            | "eth_estimateGas"
-            | "eth_createAccessList"
-            | "eth_getStorageAt"
-            | "eth_getProof"
-    ) || method.starts_with("debug_trace")
-        || method.starts_with("trace_")
-}
-
-/// Methods whose `null` result means "no such object" (a block, a transaction, a receipt), an
-/// answer a node that lacks the object gives as readily as one that knows there is none.
-pub fn answers_null_when_unknown(method: &str) -> bool {
-    matches!(
-        method,
-        "eth_getBlockByNumber"
-            | "eth_getBlockByHash"
-            | "eth_getBlockReceipts"
-            | "eth_getTransactionByHash"
-            | "eth_getTransactionReceipt"
-            | "eth_getTransactionByBlockHashAndIndex"
-            | "eth_getTransactionByBlockNumberAndIndex"
-            | "eth_getBlockTransactionCountByHash"
-            | "eth_getBlockTransactionCountByNumber"
-            | "eth_getUncleCountByBlockHash"
-            | "eth_getUncleCountByBlockNumber"
-    )
-}
-
-/// Where a block hash sits for the by-hash methods.
-fn hash_position(method: &str) -> Option<usize> {
-    match method {
-        "eth_getBlockByHash"
-        | "eth_getTransactionByBlockHashAndIndex"
-        | "eth_getBlockTransactionCountByHash"
-        | "eth_getUncleCountByBlockHash"
-        | "eth_getUncleByBlockHashAndIndex" => Some(0),
-        _ => None,
     }
 }
 
@@ -297,9 +230,10 @@ mod tests {
 
     #[test]
     fn state_reads_and_null_answers() {
+        let reads_state = |m| info(m).reads_state();
         assert!(reads_state("eth_getBalance") && reads_state("eth_call") && reads_state("debug_traceCall"));
         assert!(!reads_state("eth_getBlockByNumber") && !reads_state("eth_getLogs"));
-        assert!(answers_null_when_unknown("eth_getTransactionReceipt"));
-        assert!(!answers_null_when_unknown("eth_call"));
+        assert!(info("eth_getTransactionReceipt").null_when_unknown);
+        assert!(!info("eth_call").null_when_unknown);
     }
 }

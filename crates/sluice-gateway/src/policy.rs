@@ -30,7 +30,7 @@ impl MethodPolicy {
     /// A policy from deny and allow patterns.
     pub fn new(deny: Vec<String>, allow: Vec<String>) -> Self {
         let mut policy = Self { deny, allow, decided: Default::default() };
-        policy.decided = crate::telemetry::KNOWN_METHODS.iter().map(|m| (*m, policy.by_patterns(m))).collect();
+        policy.decided = sluice_chain::methods::known().map(|m| (m.name, policy.by_patterns(m.name))).collect();
         policy
     }
 
@@ -131,7 +131,7 @@ mod tests {
         let policies = [MethodPolicy::default(), MethodPolicy::open(), tier];
         let unknown = ["debug_unknownThing", "eth_signSomething", "admin_", "eth_sendTransaction2", "", "x"];
         for policy in &policies {
-            for method in crate::telemetry::KNOWN_METHODS.iter().chain(&unknown) {
+            for method in sluice_chain::methods::known().map(|m| &m.name).chain(&unknown) {
                 assert_eq!(policy.permits(method), policy.by_patterns(method), "{method}");
             }
         }

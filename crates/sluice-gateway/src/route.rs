@@ -1,6 +1,6 @@
-//! The routing table: what the gateway does with each method. Pure code.
-//!
-//! Later components plug in here: cacheable methods (cache), pool methods (mempool).
+//! Where the gateway answers a call, by its method's class in the method table. Pure code.
+
+use sluice_chain::methods::{Class, MethodInfo};
 
 /// Where a call is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,20 +11,10 @@ pub enum Route {
     SocketOnly,
 }
 
-/// Methods that need a connection that outlives the call.
-pub fn is_subscription_method(method: &str) -> bool {
-    matches!(method, "eth_subscribe" | "eth_unsubscribe")
-}
-
-/// Methods that submit a signed transaction (they have effects and may wait on verification).
-pub fn is_submission(method: &str) -> bool {
-    matches!(method, "eth_sendRawTransaction" | "eth_sendRawTransactionSync" | "eth_sendRawTransactionConditional")
-}
-
 /// Decides where a call goes. Subscriptions on a WebSocket are handled by the socket session
 /// before reaching the pipeline, so the pipeline only sees them over HTTP.
-pub fn route(method: &str) -> Route {
-    if is_subscription_method(method) {
+pub fn route(method: &MethodInfo) -> Route {
+    if method.class == Class::Subscription {
         Route::SocketOnly
     } else {
         Route::PassThrough
@@ -33,13 +23,15 @@ pub fn route(method: &str) -> Route {
 
 #[cfg(test)]
 mod tests {
+    use sluice_chain::method_info;
+
     use super::*;
 
     #[test]
     fn subscriptions_need_a_socket_and_the_rest_passes_through() {
-        assert_eq!(route("eth_subscribe"), Route::SocketOnly);
-        assert_eq!(route("eth_unsubscribe"), Route::SocketOnly);
-        assert_eq!(route("eth_call"), Route::PassThrough);
-        assert_eq!(route("no_such_method"), Route::PassThrough);
+        assert_eq!(route(method_info("eth_subscribe")), Route::SocketOnly);
+        assert_eq!(route(method_info("eth_unsubscribe")), Route::SocketOnly);
+        assert_eq!(route(method_info("eth_call")), Route::PassThrough);
+        assert_eq!(route(method_info("no_such_method")), Route::PassThrough);
     }
 }

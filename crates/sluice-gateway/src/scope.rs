@@ -5,7 +5,8 @@
 use alloy_consensus::{Transaction, TxEnvelope};
 use alloy_eips::eip2718::Decodable2718;
 use serde::Deserialize;
-use sluice_access::scope::{Scope, Target, CALL_METHODS, RAW_TX_METHODS};
+use sluice_access::scope::{Scope, Target};
+use sluice_chain::methods::ActsOn;
 use sluice_jsonrpc::Request;
 
 #[derive(Deserialize)]
@@ -25,17 +26,19 @@ fn read(req: &Request) -> Read {
         let params: Vec<&serde_json::value::RawValue> = serde_json::from_str(req.params.as_ref()?.get()).ok()?;
         params.into_iter().next()
     };
-    if CALL_METHODS.contains(&req.method.as_str()) {
-        let to = first().and_then(|p| serde_json::from_str::<CallObject>(p.get()).ok()).and_then(|c| c.to);
-        return to.map_or(Read::Unknown, Read::Contract);
+    match sluice_chain::method_info(&req.method).acts_on {
+        ActsOn::CallObject => {
+            let to = first().and_then(|p| serde_json::from_str::<CallObject>(p.get()).ok()).and_then(|c| c.to);
+            to.map_or(Read::Unknown, Read::Contract)
+        }
+        ActsOn::RawTransaction => {
+            let raw = first().and_then(|p| serde_json::from_str::<String>(p.get()).ok());
+            let bytes = raw.and_then(|r| alloy_primitives::hex::decode(r).ok());
+            let tx = bytes.and_then(|b| TxEnvelope::decode_2718(&mut b.as_slice()).ok());
+            tx.and_then(|tx| tx.to()).map_or(Read::Unknown, |to| Read::Contract(format!("{to:#x}")))
+        }
+        ActsOn::Nothing => Read::None,
     }
-    if RAW_TX_METHODS.contains(&req.method.as_str()) {
-        let raw = first().and_then(|p| serde_json::from_str::<String>(p.get()).ok());
-        let bytes = raw.and_then(|r| alloy_primitives::hex::decode(r).ok());
-        let tx = bytes.and_then(|b| TxEnvelope::decode_2718(&mut b.as_slice()).ok());
-        return tx.and_then(|tx| tx.to()).map_or(Read::Unknown, |to| Read::Contract(format!("{to:#x}")));
-    }
-    Read::None
 }
 
 /// Refuses `req` outside `scope`, with the message to send.
@@ -80,6 +83,11 @@ mod tests {
         assert!(admit(&scope, &req("eth_call", r#"[{"data":"0x00"}]"#)).is_err(), "no to: a creation");
         assert!(admit(&scope, &req("eth_call", r#"{"x":1}"#)).is_err());
         assert!(admit(&scope, &req("eth_sendRawTransaction", r#"["0x1234"]"#)).is_err(), "undecodable");
+        // Every way of submitting a transaction is scoped alike (a conditional submission went
+        // to any contract before the method table).
+        for method in ["eth_sendRawTransactionSync", "eth_sendRawTransactionConditional"] {
+            assert!(admit(&scope, &req(method, r#"["0x1234",{}]"#)).is_err(), "{method}: undecodable");
+        }
         assert!(admit(&scope, &req("eth_getBalance", r#"["0x01","latest"]"#)).is_ok());
         assert!(admit(&Scope::default(), &req("eth_call", other)).is_ok());
     }

@@ -49,78 +49,19 @@ pub fn spawn_upkeep(handle: PrometheusHandle) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Methods reported under their own name; anything else is `other`, so hostile clients cannot
-/// grow the label set without bound.
-pub(crate) const KNOWN_METHODS: &[&str] = &[
-    "eth_accounts",
-    "eth_blobBaseFee",
-    "eth_blockNumber",
-    "eth_call",
-    "eth_chainId",
-    "eth_createAccessList",
-    "eth_estimateGas",
-    "eth_feeHistory",
-    "eth_gasPrice",
-    "eth_getBalance",
-    "eth_getBlockByHash",
-    "eth_getBlockByNumber",
-    "eth_getBlockReceipts",
-    "eth_getBlockTransactionCountByHash",
-    "eth_getBlockTransactionCountByNumber",
-    "eth_getCode",
-    "eth_getFilterChanges",
-    "eth_getFilterLogs",
-    "eth_getLogs",
-    "eth_getProof",
-    "eth_getStorageAt",
-    "eth_getTransactionByBlockHashAndIndex",
-    "eth_getTransactionByBlockNumberAndIndex",
-    "eth_getTransactionByHash",
-    "eth_getTransactionCount",
-    "eth_getTransactionReceipt",
-    "eth_getUncleCountByBlockHash",
-    "eth_getUncleCountByBlockNumber",
-    "eth_maxPriorityFeePerGas",
-    "eth_newBlockFilter",
-    "eth_newFilter",
-    "eth_newPendingTransactionFilter",
-    "eth_sendRawTransaction",
-    "eth_sendTransaction",
-    "eth_sign",
-    "eth_signTransaction",
-    "eth_simulateV1",
-    "eth_subscribe",
-    "eth_syncing",
-    "eth_uninstallFilter",
-    "eth_unsubscribe",
-    "net_listening",
-    "net_peerCount",
-    "net_version",
-    "txpool_content",
-    "txpool_contentFrom",
-    "txpool_inspect",
-    "txpool_status",
-    "web3_clientVersion",
-    "web3_sha3",
-    "debug_traceCall",
-    "debug_traceTransaction",
-    "debug_traceBlockByNumber",
-    "debug_traceBlockByHash",
-    "trace_block",
-    "trace_transaction",
-    "trace_filter",
-];
-
 /// The label for a method name.
 pub fn method_label(method: &str) -> &'static str {
     if method.is_empty() {
         return "none";
     }
-    // A hash set built once: one hash and one comparison per call, where a binary search of
-    // the names took six comparisons (and every answered call is counted twice).
-    static KNOWN: std::sync::LazyLock<rustc_hash::FxHashSet<&'static str>> =
-        std::sync::LazyLock::new(|| KNOWN_METHODS.iter().copied().collect());
-    KNOWN.get(method).copied().unwrap_or("other")
+    // Methods reported under their own name are the method table's exact rows; anything else
+    // is `other`, so hostile clients cannot grow the label set without bound.
+    let row = sluice_chain::method_info(method);
+    if row.exact {
+        row.name
+    } else {
+        "other"
+    }
 }
 
 /// Counter handles by (network, method label, third label): the network by its id's address
@@ -243,8 +184,8 @@ mod tests {
         assert_eq!(method_label("eth_call"), "eth_call");
         assert_eq!(method_label("attacker_0001"), "other");
         assert_eq!(method_label(""), "none");
-        for method in KNOWN_METHODS {
-            assert_eq!(method_label(method), *method, "every known method keeps its name");
+        for method in sluice_chain::methods::known().map(|m| m.name) {
+            assert_eq!(method_label(method), method, "every known method keeps its name");
         }
         assert_eq!(method_label("eth_call2"), "other");
     }

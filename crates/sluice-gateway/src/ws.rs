@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::{SinkExt, StreamExt};
+use sluice_chain::method_info;
+use sluice_chain::methods::Class;
 use sluice_jsonrpc::{
     codes, parse_body, write_responses, ErrorObject, Incoming, Invalid, Outcome, RawValue, Request, Response,
 };
@@ -22,7 +24,6 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::StreamMap;
 
 use crate::pipeline::{Edge, Reply};
-use crate::route::is_subscription_method;
 use crate::stop::Stopping;
 use crate::telemetry::{self, InFlight, Transport};
 use crate::Gateway;
@@ -156,7 +157,8 @@ impl Session {
             Ok(admitted) => admitted,
             Err(refusal) => return self.send(refusal).await,
         };
-        let has_subscription = items.iter().any(|i| i.as_ref().is_ok_and(|r| is_subscription_method(&r.method)));
+        let has_subscription =
+            items.iter().any(|i| i.as_ref().is_ok_and(|r| method_info(&r.method).class == Class::Subscription));
         if has_subscription {
             let mut responses = Vec::with_capacity(items.len());
             for item in items {
@@ -216,7 +218,7 @@ impl Session {
 
     async fn answer_one(&mut self, item: Result<Request, Invalid>) -> Vec<Response> {
         let req = match item {
-            Ok(req) if is_subscription_method(&req.method) => req,
+            Ok(req) if method_info(&req.method).class == Class::Subscription => req,
             other => {
                 let edge = Edge { caller: self.caller.as_ref() };
                 return self.network().pipeline.respond(vec![other], edge).await.0;

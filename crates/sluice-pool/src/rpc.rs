@@ -4,6 +4,8 @@
 //! | method | answered |
 //! |---|---|
 //! | `eth_sendRawTransaction` | intake: after validation and journaling |
+//! | `eth_sendRawTransactionSync` | intake as above, then the receipt once the pool saw it mined (or error 4 at the timeout) |
+//! | `eth_sendRawTransactionConditional` | inner (broadcast with its conditions, which the pool cannot hold yet) |
 //! | `eth_getTransactionByHash` | the pool when it holds the hash (block fields null), else inner |
 //! | `eth_getTransactionCount(addr, "pending")` | the pool when it holds the sender's transactions, else inner |
 //! | `txpool_status`, `txpool_content`, `txpool_contentFrom`, `txpool_inspect` | the pool (geth's formats) |
@@ -16,11 +18,13 @@ use alloy_primitives::{Address, Bytes, B256};
 use async_trait::async_trait;
 use serde_json::value::RawValue;
 use serde_json::Value;
+use sluice_chain::methods::{Class, MethodInfo, Submit};
 use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
-use sluice_upstream::{Answer, Call, CallFuture, Source, UpstreamError, Upstreams};
+use sluice_upstream::{Answer, Call, CallCtx, CallFuture, Source, UpstreamError, Upstreams};
 
 use crate::seams::{Origin, PoolView, SubmitError, TxIntake, TxpoolMethod};
 use crate::service::Mempool;
+use crate::status::TxStatus;
 use crate::view::quantity;
 
 /// The JSON-RPC error code geth answers pool refusals with.
@@ -38,10 +42,11 @@ impl MempoolLayer {
         Self { inner, mempool }
     }
 
-    /// Answers `req` locally when it is a pool call the pool can answer.
-    async fn local(&self, req: &Request) -> Option<Outcome> {
+    /// Answers `call` locally when it is a pool call the pool can answer.
+    async fn local(&self, call: &Call) -> Option<Outcome> {
+        let req = &call.req;
         let method = req.method.as_str();
-        if !answers(method) {
+        if !answers(call.info) {
             return None;
         }
         let params: Vec<Value> = match req.params.as_deref().map(|p| serde_json::from_str(p.get())) {
@@ -49,17 +54,10 @@ impl MempoolLayer {
             Some(Ok(Value::Array(params))) => params,
             Some(_) => return Some(invalid_params("params must be an array")),
         };
+        if let Some(submit) = call.info.submit {
+            return self.submission(call, submit, &params).await;
+        }
         let result = match method {
-            "eth_sendRawTransaction" => {
-                let raw = match params.first().and_then(Value::as_str).map(parse_hex) {
-                    Some(Ok(raw)) => raw,
-                    _ => return Some(invalid_params("expected one hex-encoded transaction")),
-                };
-                return Some(match self.mempool.submit(raw, Origin::Rpc).await {
-                    Ok(hash) => result(&Value::String(format!("{hash}"))),
-                    Err(e) => Outcome::error(&submit_error(&e)),
-                });
-            }
             "eth_getTransactionByHash" => {
                 let hash: B256 = parse(params.first())?;
                 return self.mempool.get(&hash)?.to_rpc_raw().map(Outcome::result);
@@ -94,6 +92,70 @@ impl MempoolLayer {
 }
 
 impl MempoolLayer {
+    /// A signed transaction submitted: validated, pooled and journaled like any other, then
+    /// answered as its method answers. `None`: the inner layer sends it as it is.
+    async fn submission(&self, call: &Call, submit: Submit, params: &[Value]) -> Option<Outcome> {
+        let timeout = match submit {
+            Submit::Hash => None,
+            Submit::Receipt => match sync_timeout(params.get(1)) {
+                Ok(timeout) => Some(timeout),
+                Err(detail) => return Some(invalid_params(detail)),
+            },
+            // Its conditions must reach the nodes with it; the pool relays plain submissions.
+            Submit::Conditional => return None,
+        };
+        let raw = match params.first().and_then(Value::as_str).map(parse_hex) {
+            Some(Ok(raw)) => raw,
+            _ => return Some(invalid_params("expected a hex-encoded transaction")),
+        };
+        let hash = match self.mempool.submit(raw, Origin::Rpc).await {
+            Ok(hash) => hash,
+            Err(e) => return Some(Outcome::error(&submit_error(&e))),
+        };
+        let Some(timeout) = timeout else { return Some(result(&Value::String(format!("{hash}")))) };
+        Some(self.receipt(call, hash, timeout).await)
+    }
+
+    /// `eth_sendRawTransactionSync` after admission: the receipt once the pool saw `hash` mined
+    /// (asked of the inner layer, which then does not believe a `null` from one lagging node);
+    /// EIP-7966's error 4 with the hash when it was not mined within `timeout`; the pool's
+    /// reason when it left otherwise.
+    async fn receipt(&self, call: &Call, hash: B256, timeout: std::time::Duration) -> Outcome {
+        let deadline = tokio::time::Instant::now() + timeout;
+        match self.mempool.departure(&hash, deadline).await {
+            Some(TxStatus::Mined { .. }) => {}
+            Some(status) => {
+                let why = status.to_json(&hash);
+                return Outcome::error(
+                    &ErrorObject::new(
+                        POOL_ERROR,
+                        format!("transaction {hash} left the pool unmined: {}", status.label()),
+                    )
+                    .with_data(why),
+                );
+            }
+            None => {
+                return Outcome::error(
+                    &ErrorObject::new(
+                        SYNC_TIMEOUT,
+                        format!(
+                            "the transaction was added to the transaction pool but wasn't processed in {timeout:?}"
+                        ),
+                    )
+                    .with_data(Value::String(format!("{hash}"))),
+                )
+            }
+        }
+        let params = RawValue::from_string(format!("[\"{hash}\"]")).ok();
+        let mut receipt =
+            Call::on(Request::new(call.req.id.clone(), "eth_getTransactionReceipt", params), call.ctx.network.clone());
+        receipt.ctx = CallCtx { needs: receipt.ctx.needs, expect_found: true, ..call.ctx.clone() };
+        match self.inner.call(&receipt).await {
+            Ok(answer) => answer.outcome,
+            Err(e) => Outcome::error(&ErrorObject::new(codes::RESOURCE_UNAVAILABLE, e.to_string())),
+        }
+    }
+
     /// `call` as it goes to the inner layer: see [`MempoolLayer::with_expectation`] and
     /// [`MempoolLayer::with_pool_nonce`].
     fn forwarded<'a>(&self, call: &'a Call) -> std::borrow::Cow<'a, Call> {
@@ -142,15 +204,33 @@ impl MempoolLayer {
 }
 
 /// Whether the pool answers `method` itself (or may: `eth_getTransactionCount` only for `pending`).
-fn answers(method: &str) -> bool {
-    method.starts_with("txpool_")
-        || matches!(
-            method,
-            "eth_sendRawTransaction"
-                | "eth_getTransactionByHash"
-                | "eth_getTransactionCount"
-                | "sluice_getTransactionStatus"
-        )
+fn answers(method: &MethodInfo) -> bool {
+    matches!(method.class, Class::Local | Class::Submission)
+        || matches!(method.name, "eth_getTransactionByHash" | "eth_getTransactionCount")
+}
+
+/// EIP-7966's error code for a transaction not mined within the timeout.
+pub const SYNC_TIMEOUT: i64 = 4;
+
+/// How long `eth_sendRawTransactionSync` waits when the caller names no timeout (geth's default).
+const SYNC_DEFAULT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The longest wait a caller may ask for: a waiting call holds a place in the gateway.
+const SYNC_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The timeout `params[1]` names, in milliseconds (a number or a hex quantity, as viem sends
+/// it); 0 or absent: the default; capped at [`SYNC_MAX`].
+fn sync_timeout(value: Option<&Value>) -> Result<std::time::Duration, &'static str> {
+    let ms = match value {
+        None | Some(Value::Null) => 0,
+        Some(Value::Number(n)) => n.as_u64().ok_or("the timeout must be a whole number of milliseconds")?,
+        Some(Value::String(s)) => sluice_chain::parse_quantity(s).ok_or("the timeout must be a quantity")?,
+        Some(_) => return Err("the timeout must be a number of milliseconds"),
+    };
+    Ok(match ms {
+        0 => SYNC_DEFAULT,
+        ms => std::time::Duration::from_millis(ms).min(SYNC_MAX),
+    })
 }
 
 #[async_trait]
@@ -163,11 +243,11 @@ impl Upstreams for MempoolLayer {
     {
         // Calls the pool neither answers nor adds an expectation to go down as the inner
         // layer's own future: most calls, and every one of them would otherwise pay a box.
-        if !answers(call.method()) && !matches!(call.method(), "eth_getTransactionReceipt" | "eth_fillTransaction") {
+        if !answers(call.info) && !matches!(call.method(), "eth_getTransactionReceipt" | "eth_fillTransaction") {
             return self.inner.call(call);
         }
         Box::pin(async move {
-            match self.local(&call.req).await {
+            match self.local(call).await {
                 Some(outcome) => Ok(Answer { outcome, source: Source::Local }),
                 None => self.inner.call(&self.forwarded(call)).await,
             }
@@ -175,7 +255,7 @@ impl Upstreams for MempoolLayer {
     }
 
     async fn call_batch(&self, reqs: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
-        let locals = futures_util::future::join_all(reqs.iter().map(|r| self.local(&r.req))).await;
+        let locals = futures_util::future::join_all(reqs.iter().map(|r| self.local(r))).await;
         let forward: Vec<std::borrow::Cow<'_, Call>> =
             reqs.iter().zip(&locals).filter(|(_, local)| local.is_none()).map(|(r, _)| self.forwarded(r)).collect();
         let forward: Vec<&Call> = forward.iter().map(|c| c.as_ref()).collect();

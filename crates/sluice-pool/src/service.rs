@@ -303,6 +303,22 @@ impl Mempool {
         matches!(self.core.statuses.get(hash), Some(crate::status::TxStatus::Mined { .. }))
     }
 
+    /// Waits until `hash` leaves the pool (mined, replaced, evicted, expired, rejected) and
+    /// says why, or `None` at `deadline`.
+    pub async fn departure(&self, hash: &B256, deadline: tokio::time::Instant) -> Option<crate::status::TxStatus> {
+        // Subscribed before looking, so that a departure between the look and the wait wakes it.
+        let mut changes = self.core.statuses.changes();
+        loop {
+            if let Some(status) = self.core.statuses.get(hash) {
+                return Some(status);
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return None,
+            }
+        }
+    }
+
     /// Where a transaction is: pooled (pending or queued), or why it left.
     pub fn status_of(&self, hash: &B256) -> serde_json::Value {
         let snapshot = self.snapshot();

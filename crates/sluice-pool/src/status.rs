@@ -55,21 +55,35 @@ impl TxStatus {
 
 /// The recent departures, bounded (oldest forgotten first).
 #[derive(Clone)]
-pub struct Statuses(moka::sync::Cache<B256, TxStatus>);
+pub struct Statuses {
+    departed: moka::sync::Cache<B256, TxStatus>,
+    /// Counts records, so that a caller waiting on one transaction (`eth_sendRawTransactionSync`)
+    /// wakes when something left, without a timer.
+    changes: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+}
 
 impl Statuses {
     /// Remembers up to `capacity` departures.
     pub fn new(capacity: u64) -> Self {
-        Self(moka::sync::Cache::new(capacity))
+        Self {
+            departed: moka::sync::Cache::new(capacity),
+            changes: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
     }
 
     /// Records why `hash` left.
     pub fn record(&self, hash: B256, status: TxStatus) {
-        self.0.insert(hash, status);
+        self.departed.insert(hash, status);
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Why `hash` left, if it did recently.
     pub fn get(&self, hash: &B256) -> Option<TxStatus> {
-        self.0.get(hash)
+        self.departed.get(hash)
+    }
+
+    /// Wakes on every record after this call.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 }

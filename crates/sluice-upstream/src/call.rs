@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use sluice_chain::{BlockNeed, ChainView};
+use sluice_chain::{method_info, BlockNeed, ChainView, MethodInfo};
 use sluice_jsonrpc::{Id, RawValue, Request};
 use tokio::sync::watch;
 
@@ -14,6 +14,8 @@ use tokio::sync::watch;
 pub struct Call {
     /// The call. Only a block position the caller sent may be pinned, by the cache.
     pub req: Request,
+    /// Its method's row of the method table, looked up once.
+    pub info: &'static MethodInfo,
     /// What is known about it.
     pub ctx: CallCtx,
 }
@@ -100,13 +102,20 @@ impl Call {
     /// A client's call on `network`. (Naming the network here, not after [`Call::new`], spares
     /// a count up and down on the default network's id, which every thread shares.)
     pub fn on(req: Request, network: Arc<str>) -> Self {
-        let needs = BlockNeed::of(&req.method, req.params_text());
-        Self::needing(req, network, needs, Origin::Client)
+        let info = method_info(&req.method);
+        Self::on_row(req, info, network)
     }
 
-    fn needing(req: Request, network: Arc<str>, needs: BlockNeed, origin: Origin) -> Self {
+    /// [`Call::on`] for a request whose method's row the caller looked up already.
+    pub fn on_row(req: Request, info: &'static MethodInfo, network: Arc<str>) -> Self {
+        let needs = BlockNeed::of_row(info, req.params_text());
+        Self::needing(req, info, network, needs, Origin::Client)
+    }
+
+    fn needing(req: Request, info: &'static MethodInfo, network: Arc<str>, needs: BlockNeed, origin: Origin) -> Self {
         Self {
             req,
+            info,
             ctx: CallCtx {
                 network,
                 tier: None,
@@ -138,13 +147,14 @@ impl Call {
     /// An internal call whose block need the caller knows already, so that its params are not
     /// read again (the mempool's state reads build two calls per new sender, on one head).
     pub fn internal_needing(req: Request, needs: BlockNeed) -> Self {
-        Self::needing(req, default_network(), needs, Origin::Internal)
+        let info = method_info(&req.method);
+        Self::needing(req, info, default_network(), needs, Origin::Internal)
     }
 
     /// The same call with other params and need (a pinned block), same context otherwise.
     pub fn with_params(&self, params: Box<RawValue>, needs: BlockNeed) -> Self {
         let req = Request::new(self.req.id.clone(), self.req.method.clone(), Some(params));
-        Self { req, ctx: CallCtx { needs, ..self.ctx.clone() } }
+        Self { req, info: self.info, ctx: CallCtx { needs, ..self.ctx.clone() } }
     }
 
     /// The method name.

@@ -15,14 +15,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sluice_access::{Caller, Refusal};
-use sluice_chain::BlockNeed;
+use sluice_chain::{method_info, BlockNeed};
 use sluice_jsonrpc::{codes, parse_body, write_chunks, ErrorObject, Id, Incoming, Invalid, Outcome, Request, Response};
 use sluice_upstream::{Admission, Answer, Call, CallView, HeadView, Source, UpstreamError, Upstreams};
 
 pub use reply::{Payload, Refused, Reply, ServedBy};
 
 use crate::policy::{MethodPolicy, Policies};
-use crate::route::{is_submission, route, Route};
+use crate::route::{route, Route};
 use crate::telemetry;
 use crate::AccessControl;
 
@@ -56,7 +56,7 @@ impl BodyKind {
     /// The kind of a parsed body (invalid elements count as "other").
     pub fn of(items: &[Result<Request, Invalid>]) -> Self {
         let all_submissions =
-            !items.is_empty() && items.iter().all(|i| i.as_ref().is_ok_and(|r| is_submission(&r.method)));
+            !items.is_empty() && items.iter().all(|i| i.as_ref().is_ok_and(|r| method_info(&r.method).is_submission()));
         if all_submissions {
             BodyKind::Submissions
         } else {
@@ -373,7 +373,8 @@ impl Pipeline {
             telemetry::count_call(&self.network, &req.method, "denied");
             return Step::Local(req.id, Outcome::error(&e));
         }
-        match route(&req.method) {
+        let info = method_info(&req.method);
+        match route(info) {
             Route::SocketOnly => {
                 telemetry::count_call(&self.network, &req.method, "invalid");
                 let e = ErrorObject::new(
@@ -384,7 +385,7 @@ impl Pipeline {
             }
             Route::PassThrough => {
                 let id = req.id.clone();
-                let mut call = Call::on(req, self.network.clone());
+                let mut call = Call::on_row(req, info, self.network.clone());
                 call.ctx.tier = context.tier.clone();
                 call.ctx.priority = context.priority;
                 Step::Call(id, call)

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use sluice_chain::methods::Submit;
 use sluice_jsonrpc::{Outcome, RawValue, Request};
 
 use super::attempt::Attempts;
@@ -45,8 +46,7 @@ pub(super) fn chunks(len: usize, max: usize) -> Vec<std::ops::Range<usize>> {
 impl<N: Node> Pool<N> {
     /// Several calls: transactions to every member, the rest grouped by member.
     pub(super) async fn call_many(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
-        let (sends, reads): (Vec<usize>, Vec<usize>) =
-            (0..calls.len()).partition(|&i| calls[i].method() == "eth_sendRawTransaction");
+        let (sends, reads): (Vec<usize>, Vec<usize>) = (0..calls.len()).partition(|&i| calls[i].info.is_submission());
         let (voted, reads): (Vec<usize>, Vec<usize>) =
             reads.into_iter().partition(|&i| self.consensus_rule(calls[i].method()).is_some());
         let send_calls: Vec<&Call> = sends.iter().map(|&i| calls[i]).collect();
@@ -176,17 +176,21 @@ impl<N: Node> Pool<N> {
         let per_member =
             futures_util::future::join_all(targets.iter().map(|&m| self.send_group(m, &reqs, origin))).await;
         // Per transaction, the best answer any member gave: accepted or already known, then the
-        // node's refusal (nonce too low, …), then node trouble.
-        let rank = |o: &Result<Outcome, UpstreamError>| match o {
-            Ok(Outcome::Result(_)) => 3,
-            Ok(Outcome::Error(e)) if is_already_known(e) => 3,
+        // node's refusal (nonce too low, …), then node trouble. A submission answered with a
+        // receipt (`…Sync`) is best answered by a member that gave one: "already known" is not
+        // a receipt.
+        let rank = |o: &Result<Outcome, UpstreamError>, receipt: bool| match o {
+            Ok(Outcome::Result(_)) => 4,
+            Ok(Outcome::Error(e)) if is_already_known(e) => 4 - u8::from(receipt),
             Ok(Outcome::Error(_)) => 2,
             Err(_) => 1,
         };
+        let wants_receipt: Vec<bool> = calls.iter().map(|c| c.info.submit == Some(Submit::Receipt)).collect();
         let mut best: Vec<Option<Result<Outcome, UpstreamError>>> = (0..calls.len()).map(|_| None).collect();
         for outcomes in per_member {
             for (c, outcome) in outcomes.into_iter().enumerate() {
-                if best[c].as_ref().is_none_or(|b| rank(&outcome) > rank(b)) {
+                let receipt = wants_receipt[c];
+                if best[c].as_ref().is_none_or(|b| rank(&outcome, receipt) > rank(b, receipt)) {
                     best[c] = Some(outcome);
                 }
             }
@@ -196,10 +200,12 @@ impl<N: Node> Pool<N> {
             .zip(calls)
             .map(|(outcome, call)| {
                 outcome.map(|o| match o {
-                    Ok(Outcome::Error(e)) if is_already_known(&e) => match tx_hash(&call.req) {
-                        Some(hash) => Ok(Answer::upstream(Outcome::result(hash))),
-                        None => Ok(Answer::upstream(Outcome::Error(e))),
-                    },
+                    Ok(Outcome::Error(e)) if is_already_known(&e) && call.info.submit != Some(Submit::Receipt) => {
+                        match tx_hash(&call.req) {
+                            Some(hash) => Ok(Answer::upstream(Outcome::result(hash))),
+                            None => Ok(Answer::upstream(Outcome::Error(e))),
+                        }
+                    }
                     other => other.map(Answer::upstream),
                 })
             })
@@ -208,9 +214,10 @@ impl<N: Node> Pool<N> {
     }
 }
 
-/// keccak256 of the raw transaction bytes: its hash, for "already known" answers.
+/// keccak256 of the raw transaction bytes (`params[0]`): its hash, for "already known" answers.
 fn tx_hash(req: &Request) -> Option<Box<RawValue>> {
-    let (hex,): (String,) = serde_json::from_str(req.params_text()).ok()?;
+    let params: Vec<&RawValue> = serde_json::from_str(req.params_text()).ok()?;
+    let hex: String = serde_json::from_str(params.first()?.get()).ok()?;
     let bytes = alloy_primitives::hex::decode(hex.strip_prefix("0x")?).ok()?;
     RawValue::from_string(format!("\"{}\"", alloy_primitives::keccak256(bytes))).ok()
 }

@@ -52,14 +52,12 @@ fn default_cordon_for() -> Duration {
     Duration::from_secs(60)
 }
 
-/// Methods that change something: never under consensus (sent once per member is a broadcast,
-/// not a vote).
-const WRITES: [&str; 3] = ["eth_sendRawTransaction", "eth_sendTransaction", "eth_sendRawTransactionSync"];
-
 impl ConsensusRule {
     /// Whether the rule applies to `method`.
     pub fn applies(&self, method: &str) -> bool {
-        !WRITES.contains(&method)
+        // Methods that change something are never under consensus (sent once per member is a
+        // broadcast, not a vote).
+        sluice_chain::method_info(method).may_vote()
             && self.methods.iter().any(|p| match p.strip_suffix('*') {
                 Some(prefix) => method.starts_with(prefix),
                 None => p == method,
@@ -71,7 +69,7 @@ impl ConsensusRule {
         if self.agree == 0 || self.agree > self.ask {
             return Err(format!("consensus: agree ({}) must be 1 to ask ({})", self.agree, self.ask));
         }
-        if let Some(write) = WRITES.iter().find(|w| self.methods.iter().any(|m| m == *w)) {
+        if let Some(write) = self.methods.iter().find(|m| !sluice_chain::method_info(m).may_vote()) {
             return Err(format!("consensus: {write} is a write; writes are never put to a vote"));
         }
         Ok(())

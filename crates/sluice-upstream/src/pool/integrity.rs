@@ -11,7 +11,7 @@
 //!   an empty list from a member behind is not evidence.
 
 use serde::{Deserialize, Serialize};
-use sluice_chain::{answers_null_when_unknown, parse_quantity, BlockNeed};
+use sluice_chain::{parse_quantity, BlockNeed};
 use sluice_jsonrpc::Outcome;
 
 use crate::{Call, UpstreamError};
@@ -81,7 +81,7 @@ pub(super) fn suspect(
 ) -> Option<Suspect> {
     let Ok(Outcome::Result(raw)) = outcome else { return None };
     let method = call.method();
-    if config.retry_nulls && raw.get() == "null" && answers_null_when_unknown(method) {
+    if config.retry_nulls && raw.get() == "null" && call.info.null_when_unknown {
         let facts = facts();
         let should_exist = match &call.ctx.needs {
             BlockNeed::Number(n) => facts.best_head.is_some_and(|head| *n <= head),

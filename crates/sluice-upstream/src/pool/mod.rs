@@ -444,7 +444,7 @@ impl<N: Node> Pool<N> {
     /// second boxed future.
     pub async fn answer(&self, call: &Call) -> Result<Answer, UpstreamError> {
         let span = tracing::debug_span!("pool", method = call.method(), network = %self.config.network);
-        if call.method() == "eth_sendRawTransaction" {
+        if call.info.is_submission() {
             return self.broadcast(&[call]).instrument(span).await.remove(0);
         }
         let answer = match self.consensus_rule(call.method()) {

@@ -18,7 +18,7 @@ pub enum Data {
 impl Data {
     /// What `method` reads.
     pub fn of(method: &str) -> Data {
-        if sluice_chain::reads_state(method) {
+        if sluice_chain::method_info(method).reads_state() {
             Data::State
         } else {
             Data::Blocks

@@ -159,10 +159,15 @@ pub mod ws {
 
     /// The next JSON message, within two seconds.
     pub async fn next(ws: &mut Socket) -> Value {
+        next_within(ws, Duration::from_secs(2)).await
+    }
+
+    /// The next JSON message, within `within`.
+    pub async fn next_within(ws: &mut Socket, within: Duration) -> Value {
         loop {
-            let message = tokio::time::timeout(Duration::from_secs(2), ws.next())
+            let message = tokio::time::timeout(within, ws.next())
                 .await
-                .expect("a message within 2 s")
+                .unwrap_or_else(|_| panic!("a message within {within:?}"))
                 .expect("socket open")
                 .expect("message ok");
             if let Message::Text(text) = message {
