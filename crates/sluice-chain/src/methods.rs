@@ -379,6 +379,111 @@ pub fn known() -> impl Iterator<Item = &'static MethodInfo> {
 mod tests {
     use super::*;
 
+    /// Every method a component handles, with the class it must have: a row changed by
+    /// mistake, or a method added without a class, fails here.
+    #[test]
+    fn every_known_method_has_its_expected_class() {
+        let expected: &[(Class, &[&str])] = &[
+            (
+                ChainRead,
+                &[
+                    "eth_blockNumber",
+                    "eth_chainId",
+                    "eth_gasPrice",
+                    "eth_maxPriorityFeePerGas",
+                    "eth_blobBaseFee",
+                    "eth_feeHistory",
+                    "eth_getBlockByNumber",
+                    "eth_getBlockByHash",
+                    "eth_getBlockReceipts",
+                    "eth_getTransactionByBlockNumberAndIndex",
+                    "eth_getTransactionByBlockHashAndIndex",
+                    "eth_getBlockTransactionCountByNumber",
+                    "eth_getBlockTransactionCountByHash",
+                    "eth_getUncleCountByBlockNumber",
+                    "eth_getUncleCountByBlockHash",
+                    "eth_getUncleByBlockNumberAndIndex",
+                    "eth_getUncleByBlockHashAndIndex",
+                    "eth_getTransactionByHash",
+                    "eth_getTransactionReceipt",
+                    "eth_getLogs",
+                ],
+            ),
+            (
+                StateRead,
+                &[
+                    "eth_getBalance",
+                    "eth_getCode",
+                    "eth_getTransactionCount",
+                    "eth_getStorageAt",
+                    "eth_getProof",
+                    "eth_call",
+                    "eth_estimateGas",
+                    "eth_createAccessList",
+                    "eth_simulateV1",
+                    "eth_fillTransaction",
+                    "debug_traceCall",
+                    "debug_traceTransaction",
+                    "debug_traceBlockByNumber",
+                    "debug_traceBlockByHash",
+                    "trace_block",
+                    "trace_transaction",
+                    "trace_filter",
+                ],
+            ),
+            (
+                NodeInfo,
+                &[
+                    "eth_syncing",
+                    "net_version",
+                    "net_listening",
+                    "net_peerCount",
+                    "web3_clientVersion",
+                    "eth_protocolVersion",
+                    "web3_sha3",
+                    "eth_accounts",
+                ],
+            ),
+            (
+                Submission,
+                &["eth_sendRawTransaction", "eth_sendRawTransactionSync", "eth_sendRawTransactionConditional"],
+            ),
+            (Subscription, &["eth_subscribe", "eth_unsubscribe"]),
+            (
+                NodeFilter,
+                &[
+                    "eth_newFilter",
+                    "eth_newBlockFilter",
+                    "eth_newPendingTransactionFilter",
+                    "eth_uninstallFilter",
+                    "eth_getFilterChanges",
+                    "eth_getFilterLogs",
+                ],
+            ),
+            (
+                Local,
+                &[
+                    "txpool_status",
+                    "txpool_content",
+                    "txpool_contentFrom",
+                    "txpool_inspect",
+                    "sluice_getTransactionStatus",
+                ],
+            ),
+            (Admin, &["eth_sendTransaction", "eth_sign", "eth_signTransaction", "eth_getWork"]),
+        ];
+        let mut listed = 0;
+        for (class, names) in expected {
+            for name in *names {
+                let row = info(name);
+                assert!(row.exact, "{name} is not in the table");
+                assert_eq!(row.class, *class, "{name}");
+                listed += 1;
+            }
+        }
+        assert_eq!(listed, TABLE.len(), "a row of the table is missing from this list");
+    }
+
     #[test]
     fn names_are_unique() {
         assert_eq!(BY_NAME.len(), TABLE.len());
