@@ -26,6 +26,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>, reload: Opt
     }
     let mut status = StatusBoard::default();
     let mempools: Vec<Arc<Mempool>> = stacks.iter().filter_map(|s| s.mempool.clone()).collect();
+    let heads: Vec<sluice_upstream::HeadFeed> = stacks.iter().filter_map(|s| s.head.clone()).collect();
     // One mesh for every network with a mempool; each transaction names its chain (the
     // implicit network names none, as before there were several).
     let pools: Vec<(u64, Arc<Mempool>)> = stacks
@@ -121,6 +122,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>, reload: Opt
     if let Some(admin) = admin {
         let _ = admin.await;
     }
+    // A follower hands the following over now, not when its lease lapses.
+    futures_util::future::join_all(heads.iter().map(|h| h.step_down())).await;
     for ingress in ingresses {
         ingress.shutdown().await;
     }

@@ -36,6 +36,8 @@ pub struct Stack {
     pub upstreams: usize,
     /// Its pool of nodes, replaceable on reload.
     pub pool: Arc<LivePool<HttpUpstream>>,
+    /// Its head feed, when one was started with the stack (to step down at shutdown).
+    pub head: Option<HeadFeed>,
 }
 
 /// Builds network `net`'s pool from its upstream list, each node checked for the network's
@@ -198,7 +200,7 @@ impl Stack {
             feeds.0.push(Arc::new(PendingTransactions(mempool.clone())));
         }
         spec.local_feeds = (!feeds.0.is_empty()).then(|| Arc::new(feeds) as Arc<dyn LocalFeeds>);
-        Ok(Stack { spec, mempool, ingress, first_url, upstreams, pool: live })
+        Ok(Stack { spec, mempool, ingress, first_url, upstreams, pool: live, head: feed })
     }
 }
 

@@ -180,3 +180,50 @@ async fn with_redis_gone_every_replica_follows_by_itself() {
         assert!(fallbacks.is_some_and(|n| n >= 1.0), "counted: {fallbacks:?}");
     }
 }
+
+/// The lease in Redis, as `redis-cli` reads it (`None`: nobody holds it).
+fn lease(redis: &RedisServer) -> Option<String> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string(), "--raw", "GET", "sluice:heads:default:lease"])
+        .output()
+        .expect("redis-cli runs");
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (!text.is_empty()).then_some(text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_follower_stopped_gracefully_hands_the_lease_over_at_once() {
+    let anvil = Anvil::spawn_with(&["--block-time", "1"]);
+    let client = reqwest::Client::new();
+    let redis = RedisServer::spawn();
+    let toml = format!(
+        "[cluster]\nredis_url = \"redis://127.0.0.1:{}\"\n[[upstreams]]\nurl = \"{}\"\n",
+        redis.port,
+        anvil.http_url()
+    );
+    let mut replicas = [with_config(&toml), with_config(&toml)];
+    all_follow(&client, &anvil, &[&replicas[0].sluice, &replicas[1].sluice], Duration::from_secs(20), "two").await;
+    let mut roles = Vec::new();
+    for r in &replicas {
+        roles.push(role(&client, &r.sluice).await);
+    }
+    let follower = roles.iter().position(|r| r == "follower").unwrap_or_else(|| panic!("a follower: {roles:?}"));
+    // The lease names its holder by process id.
+    let pid = replicas[follower].sluice.pid();
+    let held = lease(&redis).expect("the follower holds the lease");
+    assert!(held.starts_with(&format!("{pid}-")), "{held} is not held by {pid}");
+    // SIGTERM, as a rolling restart stops a pod: once it has exited, its lease is gone (or
+    // already the other replica's), not left to lapse for up to 5 s.
+    replicas[follower].sluice.terminate();
+    assert!(replicas[follower].sluice.wait_exit(Duration::from_secs(20)).is_some(), "the follower exited");
+    let after = lease(&redis);
+    assert!(after.as_ref().is_none_or(|h| !h.starts_with(&format!("{pid}-"))), "still held by {pid}: {after:?}");
+    let other = &replicas[1 - follower].sluice;
+    let exited = Instant::now();
+    let deadline = exited + Duration::from_secs(10);
+    while role(&client, other).await != "follower" {
+        assert!(Instant::now() < deadline, "the other replica did not take over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("cluster: the other replica follows {:.1} s after a graceful stop", exited.elapsed().as_secs_f64());
+}

@@ -84,13 +84,25 @@ pub struct HeadFeed {
     pub seen: Arc<Seen>,
     /// This replica's part in following, when replicas share it (for `/status`).
     pub role: Option<watch::Receiver<Role>>,
+    /// The lease task, when replicas share the following: [`HeadFeed::step_down`] ends it.
+    lease: Option<Arc<shared::HeadLease>>,
 }
 
 impl HeadFeed {
+    /// Gives up this replica's part in a shared following, at shutdown: a follower releases
+    /// its lease, so that another replica takes over at its next try instead of when the lease
+    /// lapses. Nothing to do without sharing.
+    pub async fn step_down(&self) {
+        if let Some(lease) = &self.lease {
+            lease.release().await;
+        }
+    }
+
     /// A feed that never moves, for components used without a head watcher.
     pub fn fixed(view: ChainView) -> (Self, watch::Sender<Arc<ChainView>>) {
         let (tx, rx) = watch::channel(Arc::new(view));
-        (Self { view: rx, events: broadcast::channel(16).0, seen: Arc::new(Seen::new(CATCH_UP)), role: None }, tx)
+        let seen = Arc::new(Seen::new(CATCH_UP));
+        (Self { view: rx, events: broadcast::channel(16).0, seen, role: None, lease: None }, tx)
     }
 
     /// The head as the pipeline of network `network` sees it: one view per call, and what
@@ -119,11 +131,15 @@ pub fn spawn_shared_head_watcher(
     config: HeadConfig,
     shared: Option<Arc<dyn SharedHeads>>,
 ) -> HeadFeed {
-    let role = shared.clone().map(|store| {
-        let (tx, rx) = watch::channel(Role::Alone);
-        tokio::spawn(shared::keep_lease(store, tx, config.network.clone()));
-        rx
-    });
+    let (role, lease) = match shared.clone() {
+        Some(store) => {
+            let (tx, rx) = watch::channel(Role::Alone);
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(shared::keep_lease(store, tx, config.network.clone(), stopped));
+            (Some(rx), Some(Arc::new(shared::HeadLease::new(stop, task))))
+        }
+        None => (None, None),
+    };
     let (view_tx, view) = watch::channel(Arc::new(ChainView::default()));
     let (events, _) = broadcast::channel(1024);
     let seen = Arc::new(Seen::new(config.catch_up));
@@ -142,7 +158,7 @@ pub fn spawn_shared_head_watcher(
         role: role.clone(),
     };
     tokio::spawn(watcher.run(ws_urls));
-    HeadFeed { view, events, seen, role }
+    HeadFeed { view, events, seen, role, lease }
 }
 
 struct Watcher {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sluice_chain::{parse_quantity, Header};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::Watcher;
@@ -124,14 +124,60 @@ pub const LEASE: Duration = Duration::from_secs(5);
 /// How often the lease is renewed, or, by a reader, tried.
 pub const RENEW: Duration = Duration::from_millis(1500);
 
-/// Keeps trying for, or renewing, the lease; tells the watcher its role as it changes.
-pub(super) async fn keep_lease(shared: Arc<dyn SharedHeads>, role: watch::Sender<Role>, network: String) {
+/// The task keeping a replica's lease, and the way to end it.
+pub struct HeadLease {
+    stop: std::sync::Mutex<Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>>,
+}
+
+impl HeadLease {
+    pub(super) fn new(stop: oneshot::Sender<()>, task: tokio::task::JoinHandle<()>) -> Self {
+        Self { stop: std::sync::Mutex::new(Some((stop, task))) }
+    }
+
+    /// Ends the task, which releases the lease if this replica holds it; waits for that, at
+    /// most a renewal period (a Redis that does not answer leaves the lease to lapse).
+    pub async fn release(&self) {
+        let Some((stop, task)) = self.stop.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(RENEW, task).await;
+    }
+}
+
+/// Keeps trying for, or renewing, the lease; tells the watcher its role as it changes. Ends,
+/// releasing the lease, when `stop` fires; a dropped sender is no stop (the watcher still
+/// follows by the role this task keeps).
+pub(super) async fn keep_lease(
+    shared: Arc<dyn SharedHeads>,
+    role: watch::Sender<Role>,
+    network: String,
+    mut stop: oneshot::Receiver<()>,
+) {
     let mut tick = tokio::time::interval(RENEW);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut down_logged = false;
     let mut first = true;
+    let mut stoppable = true;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            biased;
+            stopped = &mut stop, if stoppable => match stopped {
+                // Checked before every renewal, so no renewal follows the release.
+                Ok(()) => {
+                    if *role.borrow() == Role::Follower {
+                        let _ = shared.release().await;
+                        tracing::info!(%network, "head following: lease released at shutdown");
+                    }
+                    // For the rest of the shutdown this replica neither publishes nor reads.
+                    role.send_replace(Role::Alone);
+                    return;
+                }
+                Err(_) => {
+                    stoppable = false;
+                    continue;
+                }
+            },
+            _ = tick.tick() => {}
+        }
         let now = match tokio::time::timeout(RENEW, shared.hold(LEASE)).await {
             Ok(Ok(true)) => Role::Follower,
             Ok(Ok(false)) => Role::Reader,
