@@ -115,6 +115,15 @@ pub enum Submit {
     Conditional,
 }
 
+/// What a filter method does with the filter, which lives on the node that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterRole {
+    /// Makes a filter and answers with its id.
+    Creates,
+    /// Acts on the filter whose id is `params[0]`.
+    Uses,
+}
+
 /// One row of the table.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MethodInfo {
@@ -139,6 +148,8 @@ pub struct MethodInfo {
     pub acts_on: ActsOn,
     /// How it submits a transaction, for [`Class::Submission`].
     pub submit: Option<Submit>,
+    /// Its part in a node-side filter, for [`Class::NodeFilter`].
+    pub filter: Option<FilterRole>,
     /// An exact row (reported under its own name in metrics), not a prefix row.
     pub exact: bool,
 }
@@ -156,9 +167,10 @@ impl MethodInfo {
         self.class == Class::StateRead
     }
 
-    /// True when several members' answers may be compared (consensus).
+    /// True when several members' answers may be compared (consensus): not for methods that
+    /// change something, nor for filters, which live on one node.
     pub fn may_vote(&self) -> bool {
-        !self.writes
+        !self.writes && self.filter.is_none()
     }
 
     /// Where its block parameter sits and whether EIP-1898 objects are accepted there.
@@ -183,6 +195,7 @@ const fn row(name: &'static str, class: Class) -> MethodInfo {
         writes: false,
         acts_on: ActsOn::Nothing,
         submit: None,
+        filter: None,
         exact: true,
     }
 }
@@ -231,6 +244,11 @@ const fn submission(name: &'static str, submit: Submit) -> MethodInfo {
         submit: Some(submit),
         ..row(name, Class::Submission)
     }
+}
+
+/// A filter method: never joined (each call makes or consumes node-side state).
+const fn filter(name: &'static str, role: FilterRole) -> MethodInfo {
+    MethodInfo { filter: Some(role), ..row(name, Class::NodeFilter) }
 }
 
 use Class::*;
@@ -320,13 +338,13 @@ static TABLE: &[MethodInfo] = &[
     // Subscriptions and filters.
     row("eth_subscribe", Subscription),
     row("eth_unsubscribe", Subscription),
-    row("eth_newFilter", NodeFilter),
-    row("eth_newBlockFilter", NodeFilter),
-    row("eth_newPendingTransactionFilter", NodeFilter),
-    row("eth_uninstallFilter", NodeFilter),
+    filter("eth_newFilter", FilterRole::Creates),
+    filter("eth_newBlockFilter", FilterRole::Creates),
+    filter("eth_newPendingTransactionFilter", FilterRole::Creates),
+    filter("eth_uninstallFilter", FilterRole::Uses),
     // Consumes the filter's changes on the node: never shared.
-    row("eth_getFilterChanges", NodeFilter),
-    read("eth_getFilterLogs", NodeFilter),
+    filter("eth_getFilterChanges", FilterRole::Uses),
+    MethodInfo { join: true, ..filter("eth_getFilterLogs", FilterRole::Uses) },
     // The mempool's own.
     row("txpool_status", Local),
     row("txpool_content", Local),

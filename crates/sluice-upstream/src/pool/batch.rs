@@ -47,8 +47,10 @@ impl<N: Node> Pool<N> {
     /// Several calls: transactions to every member, the rest grouped by member.
     pub(super) async fn call_many(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let (sends, reads): (Vec<usize>, Vec<usize>) = (0..calls.len()).partition(|&i| calls[i].info.is_submission());
-        let (voted, reads): (Vec<usize>, Vec<usize>) =
-            reads.into_iter().partition(|&i| self.consensus_rule(calls[i].method()).is_some());
+        // Calls under a vote, and calls on node-side filters (each to its own member), one by one.
+        let (voted, reads): (Vec<usize>, Vec<usize>) = reads
+            .into_iter()
+            .partition(|&i| calls[i].info.filter.is_some() || self.consensus_rule(calls[i].method()).is_some());
         let send_calls: Vec<&Call> = sends.iter().map(|&i| calls[i]).collect();
         let read_calls: Vec<&Call> = reads.iter().map(|&i| calls[i]).collect();
         let votes = futures_util::future::join_all(voted.iter().map(|&i| Upstreams::call(self, calls[i])));

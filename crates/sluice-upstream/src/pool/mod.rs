@@ -23,6 +23,7 @@ mod classify;
 mod config;
 mod consensus;
 mod exchange;
+mod filters;
 mod health;
 mod hedge;
 mod integrity;
@@ -39,6 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
+use sluice_chain::methods::FilterRole;
 use sluice_chain::BlockNeed;
 use sluice_jsonrpc::Outcome;
 use tokio::sync::Semaphore;
@@ -446,6 +448,11 @@ impl<N: Node> Pool<N> {
         let span = tracing::debug_span!("pool", method = call.method(), network = %self.config.network);
         if call.info.is_submission() {
             return self.broadcast(&[call]).instrument(span).await.remove(0);
+        }
+        match call.info.filter {
+            Some(FilterRole::Creates) => return self.create_filter(call).instrument(span).await,
+            Some(FilterRole::Uses) => return self.use_filter(call).instrument(span).await,
+            None => {}
         }
         let answer = match self.consensus_rule(call.method()) {
             Some(rule) => self.call_consensus(call, rule).instrument(span).await,
