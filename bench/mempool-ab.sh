@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The mempool's in-process bench (crates/sluice-pool/benches/mempool.rs) for two versions side by
+# The mempool's in-process bench (crates/sluice-mempool/benches/mempool.rs) for two versions side by
 # side: each version's bench binary is built once, then the two run in turn, RUNS times each
 # (MEMPOOL_ROUNDS rounds per run), so that the machine's drift, which on a shared 2-core machine
 # is larger than most changes, falls on both alike. Prints one row per run: the median of
@@ -35,10 +35,10 @@ trap cleanup EXIT
 build() {
   local exe
   if [ -n "${BENCH:-}" ]; then
-    git -C "$top" show "$BENCH:crates/sluice-pool/benches/mempool.rs" >"$1/crates/sluice-pool/benches/mempool.rs"
+    git -C "$top" show "$BENCH:crates/sluice-mempool/benches/mempool.rs" >"$1/crates/sluice-mempool/benches/mempool.rs"
   fi
   find "$1/crates" -name '*.rs' -exec touch {} +
-  exe=$(cd "$1" && CARGO_TARGET_DIR="$top/target" cargo bench -q -p sluice-pool --bench mempool --no-run \
+  exe=$(cd "$1" && CARGO_TARGET_DIR="$top/target" cargo bench -q -p sluice-mempool --bench mempool --no-run \
     --message-format=json | python3 -c '
 import json, sys
 exes = [m["executable"] for m in map(json.loads, sys.stdin)

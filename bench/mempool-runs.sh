@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The mempool's in-process bench (crates/sluice-pool/benches/mempool.rs) run RUNS times on the
+# The mempool's in-process bench (crates/sluice-mempool/benches/mempool.rs) run RUNS times on the
 # work tree as it is: one row per run (the median over its rounds of batched intake / two-thread
 # ceiling, the same by CPU, each with its lowest and highest round), then the median of the
 # runs' medians. On a shared 2-core machine a run's median moves from run to run by a few
@@ -13,7 +13,7 @@ RUNS=${RUNS:-5}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-exe=$(cargo bench -q -p sluice-pool --bench mempool --no-run --message-format=json | python3 -c '
+exe=$(cargo bench -q -p sluice-mempool --bench mempool --no-run --message-format=json | python3 -c '
 import json, sys
 exes = [m["executable"] for m in map(json.loads, sys.stdin)
         if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "mempool"]

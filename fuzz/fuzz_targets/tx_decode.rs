@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_pool::{decode, Rules};
+use sluice_mempool::{decode, Rules};
 
 fuzz_target!(|data: &[u8]| {
     let rules = Rules { chain_id: 31337, ..Rules::default() };

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
+use sluice_mempool::{Origin, TxIntake};
 #[cfg(feature = "stand-ins")]
 use sluice_mesh::memory::MemoryPool;
 use sluice_mesh::{Mesh, MeshSettings};
-use sluice_pool::{Origin, TxIntake};
 
 use crate::txgen::{Fees, SignedTx, Wallet};
 

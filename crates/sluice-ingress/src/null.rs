@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use alloy_primitives::{Bytes, B256};
 use async_trait::async_trait;
-use sluice_pool::{Origin, SubmitError, TxIntake};
+use sluice_mempool::{Origin, SubmitError, TxIntake};
 
 /// Counts what it is given; answers with the SHA-256 of the bytes as the "hash". A transaction
 /// that is exactly `b"reject"` is refused, so error paths can be exercised.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
-use sluice_pool::{Origin, TxIntake};
+use sluice_mempool::{Origin, TxIntake};
 
 use crate::config::{ConfigError, IngressConfig};
 use crate::identity::{Identity, KeyPair};
@@ -333,7 +333,7 @@ async fn serve_stream(
             if let Some(send) = reply {
                 let body = match result {
                     Ok(hash) => serde_json::json!({ "hash": hash }),
-                    Err(e) => serde_json::json!({ "error": sluice_pool::rpc::submit_error(&e) }),
+                    Err(e) => serde_json::json!({ "error": sluice_mempool::rpc::submit_error(&e) }),
                 };
                 answer(send, &body).await;
             }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use sluice_pool::TxIntake;
+use sluice_mempool::TxIntake;
 
 use crate::PoolContents;
 

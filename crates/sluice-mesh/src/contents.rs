@@ -1,7 +1,7 @@
 //! The mempool's contents, as the mesh hands them to a peer that connects.
 
 use alloy_primitives::{Bytes, B256};
-use sluice_pool::{Mempool, PoolView};
+use sluice_mempool::{Mempool, PoolView};
 
 use crate::PoolContents;
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use alloy_primitives::{keccak256, Bytes, B256};
 use async_trait::async_trait;
-use sluice_pool::{DecodeError, Origin, SubmitError, TxIntake};
+use sluice_mempool::{DecodeError, Origin, SubmitError, TxIntake};
 use tokio::sync::mpsc;
 
 /// The stand-in pool.

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use alloy_primitives::keccak256;
 use libp2p::{identity, Multiaddr};
+use sluice_mempool::{Origin, TxIntake};
 use sluice_mesh::memory::MemoryPool;
 use sluice_mesh::{Mesh, MeshSettings};
-use sluice_pool::{Origin, TxIntake};
 
 struct TestNode {
     mesh: Mesh,

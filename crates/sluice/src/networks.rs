@@ -218,7 +218,7 @@ impl NetworkConfig {
         p.hedge_after().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         p.method_timeouts().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         anyhow::ensure!((0.0..=1.0).contains(&p.hedge_max_extra), "{at}pool.hedge_max_extra: must be between 0 and 1");
-        sluice_pool::MempoolConfig::try_from(&self.mempool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        sluice_mempool::MempoolConfig::try_from(&self.mempool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         self.aggregate.validate().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         self.subscriptions.validate().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         let l = &self.logs;

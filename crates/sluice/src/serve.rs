@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use sluice_gateway::policy::MethodPolicy;
 use sluice_gateway::{GatewayBuilder, Limits, StatusBoard};
-use sluice_pool::Mempool;
+use sluice_mempool::Mempool;
 use tokio::net::TcpListener;
 
 use crate::config::Config;

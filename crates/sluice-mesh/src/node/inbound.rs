@@ -5,7 +5,7 @@
 use alloy_primitives::keccak256;
 use libp2p::request_response;
 use libp2p::PeerId;
-use sluice_pool::{Origin, SubmitError};
+use sluice_mempool::{Origin, SubmitError};
 
 use super::{Answer, Node};
 use crate::wire::{TxBatch, Verdict, MAX_BATCH_IN};

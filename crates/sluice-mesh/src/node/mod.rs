@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, identity, kad, Multiaddr, PeerId, Swarm};
-use sluice_pool::TxIntake;
+use sluice_mempool::TxIntake;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::chains::{ChainPool, UNNAMED_CHAIN};

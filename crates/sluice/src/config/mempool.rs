@@ -47,8 +47,8 @@ pub struct MempoolSection {
 
 impl Default for MempoolSection {
     fn default() -> Self {
-        let pool = sluice_pool::Config::default();
-        let d = sluice_pool::MempoolConfig::default();
+        let pool = sluice_mempool::Config::default();
+        let d = sluice_mempool::MempoolConfig::default();
         Self {
             enabled: true,
             journal: ".sluice/mempool.journal".into(),
@@ -69,7 +69,7 @@ impl Default for MempoolSection {
     }
 }
 
-impl TryFrom<&MempoolSection> for sluice_pool::MempoolConfig {
+impl TryFrom<&MempoolSection> for sluice_mempool::MempoolConfig {
     type Error = String;
 
     fn try_from(m: &MempoolSection) -> Result<Self, String> {
@@ -77,8 +77,8 @@ impl TryFrom<&MempoolSection> for sluice_pool::MempoolConfig {
             return Err(format!("mempool.verify_nice: must be 0 to 19, got {}", m.verify_nice));
         }
         let sync = match m.fsync.as_str() {
-            "os" => sluice_pool::journal::Sync::Os,
-            "always" => sluice_pool::journal::Sync::Always,
+            "os" => sluice_mempool::journal::Sync::Os,
+            "always" => sluice_mempool::journal::Sync::Always,
             other => return Err(format!("mempool.fsync: expected \"os\" or \"always\", got {other:?}")),
         };
         let priority_senders = m
@@ -87,7 +87,7 @@ impl TryFrom<&MempoolSection> for sluice_pool::MempoolConfig {
             .map(|a| a.parse().map_err(|_| format!("mempool.priority_senders: {a:?} is not an address")))
             .collect::<Result<_, _>>()?;
         Ok(Self {
-            pool: sluice_pool::Config {
+            pool: sluice_mempool::Config {
                 account_slots: m.account_slots,
                 account_queue: m.account_queue,
                 global_slots: m.global_slots,

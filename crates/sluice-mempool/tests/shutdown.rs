@@ -11,7 +11,7 @@ use std::time::Duration;
 use alloy_primitives::{Address, Bytes};
 use fixed_chain::FixedChain;
 use sluice_bench::txgen::{Fees, Wallet};
-use sluice_pool::{Mempool, MempoolConfig, Origin, PoolView, SubmitError, TxIntake};
+use sluice_mempool::{Mempool, MempoolConfig, Origin, PoolView, SubmitError, TxIntake};
 use sluice_upstream::HeadFeed;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,7 @@ const MAX_CACHED: usize = 1 << 20;
 ///
 /// A map behind a lock held only for one lookup or insert, where a general cache (moka) was:
 /// its bookkeeping (the access order and its queues) took about a sixth of the async workers'
-/// CPU samples under load (`perf record` during `cargo bench -p sluice-pool --bench mempool`),
+/// CPU samples under load (`perf record` during `cargo bench -p sluice-mempool --bench mempool`),
 /// and with every entry dead at the next head, nothing needs an eviction order.
 #[derive(Default)]
 struct HeadStates {

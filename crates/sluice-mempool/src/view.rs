@@ -12,7 +12,7 @@
 //! lists it, and deletes one only once every snapshot that listed it is gone (see
 //! `Retired`), so each snapshot still answers by hash exactly as of its batch. Kept as a
 //! persistent map like the senders', the index took 45 % of the writer's CPU samples under
-//! load (`perf record` during `cargo bench -p sluice-pool --bench mempool`): every insert copies
+//! load (`perf record` during `cargo bench -p sluice-mempool --bench mempool`): every insert copies
 //! a path of nodes of 32 entries each.
 
 use std::collections::VecDeque;

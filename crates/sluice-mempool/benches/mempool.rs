@@ -1,4 +1,4 @@
-//! `cargo bench -p sluice-pool --bench mempool`
+//! `cargo bench -p sluice-mempool --bench mempool`
 //!
 //! The mempool's own speed, in process, over the FAKE fixed chain (no node: account state
 //! answers at once, relay off), side by side in one run:
@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use alloy_primitives::{Address, Bytes, B256};
 use fixed_chain::FixedChain;
 use sluice_bench::txgen::{Fees, SignedTx, Wallet};
-use sluice_pool::journal::Sync;
-use sluice_pool::{Mempool, MempoolConfig, Origin, PoolView, Rules, TxIntake};
+use sluice_mempool::journal::Sync;
+use sluice_mempool::{Mempool, MempoolConfig, Origin, PoolView, Rules, TxIntake};
 use sluice_upstream::HeadFeed;
 
 /// The allocator the `sluice` binary ships with, so that the bench measures what runs.
@@ -96,7 +96,7 @@ fn decode_rate(txs: &[SignedTx], threads: usize) -> (f64, f64) {
                 s.spawn(move || {
                     let before = sluice_bench::stats::current_thread_cpu_time().unwrap_or_default();
                     for t in chunk {
-                        sluice_pool::decode(&t.raw, rules, Instant::now()).expect("valid");
+                        sluice_mempool::decode(&t.raw, rules, Instant::now()).expect("valid");
                     }
                     sluice_bench::stats::current_thread_cpu_time().unwrap_or_default().saturating_sub(before)
                 })

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use alloy_primitives::{Address, Bytes};
 use fixed_chain::FixedChain;
 use sluice_bench::txgen::{Fees, Wallet};
-use sluice_pool::{Mempool, MempoolConfig, Origin, PoolView, Snapshot, TxIntake};
+use sluice_mempool::{Mempool, MempoolConfig, Origin, PoolView, Snapshot, TxIntake};
 use sluice_upstream::HeadFeed;
 
 fn check(snapshot: &Snapshot) {
