@@ -67,8 +67,8 @@ pub(crate) fn charge_memory(
     let mut tat = bucket.tat_ms;
     if let Some(rate) = rate {
         match gcra::check(rate, bucket.tat_ms, now as f64, cost) {
-            gcra::Verdict::Allow { tat_ms } => tat = tat_ms,
-            gcra::Verdict::Deny { retry_after_ms } => {
+            gcra::RateDecision::Allow { tat_ms } => tat = tat_ms,
+            gcra::RateDecision::Deny { retry_after_ms } => {
                 return Err(Refusal::OverQuota {
                     what: "per-second",
                     retry_after: Duration::from_millis(retry_after_ms.ceil() as u64),

@@ -20,7 +20,7 @@ impl Rate {
 
 /// The verdict on one request.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Verdict {
+pub enum RateDecision {
     /// Allowed; store this theoretical arrival time.
     Allow {
         /// The caller's new state.
@@ -34,15 +34,15 @@ pub enum Verdict {
 }
 
 /// Checks a request of `cost` units at `now_ms` against `rate`, given the stored `tat_ms`.
-pub fn check(rate: Rate, tat_ms: f64, now_ms: f64, cost: u32) -> Verdict {
+pub fn check(rate: Rate, tat_ms: f64, now_ms: f64, cost: u32) -> RateDecision {
     let interval = rate.interval_ms();
     let tat = tat_ms.max(now_ms);
     let new_tat = tat + interval * f64::from(cost);
     let allow_at = new_tat - interval * f64::from(rate.burst.max(1));
     if now_ms < allow_at {
-        Verdict::Deny { retry_after_ms: allow_at - now_ms }
+        RateDecision::Deny { retry_after_ms: allow_at - now_ms }
     } else {
-        Verdict::Allow { tat_ms: new_tat }
+        RateDecision::Allow { tat_ms: new_tat }
     }
 }
 
@@ -55,11 +55,11 @@ mod tests {
         times
             .iter()
             .map(|&t| match check(rate, tat, t, 1) {
-                Verdict::Allow { tat_ms } => {
+                RateDecision::Allow { tat_ms } => {
                     tat = tat_ms;
                     true
                 }
-                Verdict::Deny { .. } => false,
+                RateDecision::Deny { .. } => false,
             })
             .collect()
     }
@@ -81,11 +81,11 @@ mod tests {
     #[test]
     fn a_refusal_says_when_to_come_back_and_cost_counts() {
         let rate = Rate { per_second: 2.0, burst: 1 };
-        let Verdict::Allow { tat_ms } = check(rate, 0.0, 0.0, 1) else { panic!() };
-        assert_eq!(check(rate, tat_ms, 100.0, 1), Verdict::Deny { retry_after_ms: 400.0 });
-        assert!(matches!(check(rate, tat_ms, 500.0, 1), Verdict::Allow { .. }));
+        let RateDecision::Allow { tat_ms } = check(rate, 0.0, 0.0, 1) else { panic!() };
+        assert_eq!(check(rate, tat_ms, 100.0, 1), RateDecision::Deny { retry_after_ms: 400.0 });
+        assert!(matches!(check(rate, tat_ms, 500.0, 1), RateDecision::Allow { .. }));
         assert!(
-            matches!(check(Rate { per_second: 10.0, burst: 5 }, 0.0, 0.0, 6), Verdict::Deny { .. }),
+            matches!(check(Rate { per_second: 10.0, burst: 5 }, 0.0, 0.0, 6), RateDecision::Deny { .. }),
             "cost above the burst"
         );
     }
@@ -111,7 +111,7 @@ mod properties {
             let mut passed = Vec::new();
             for gap in gaps {
                 now += gap;
-                if let Verdict::Allow { tat_ms } = check(rate, tat, now, 1) {
+                if let RateDecision::Allow { tat_ms } = check(rate, tat, now, 1) {
                     tat = tat_ms;
                     passed.push(now);
                 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
-use sluice_mempool::{Origin, TxIntake};
+use sluice_mempool::{TxIntake, TxSource};
 #[cfg(feature = "stand-ins")]
 use sluice_mesh::memory::MemoryPool;
 use sluice_mesh::{Mesh, MeshSettings};
@@ -185,7 +185,7 @@ pub async fn run_mesh_bench(args: &MeshArgs) -> anyhow::Result<MeshSummary> {
         tokio::time::sleep_until((t0 + Duration::from_secs_f64(k as f64 / args.rate)).into()).await;
         let origin = rng.usize(0..args.nodes);
         let hash = tx.hash;
-        pools[origin].submit(tx.raw.into(), Origin::Rpc).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        pools[origin].submit(tx.raw.into(), TxSource::Rpc).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         injected.push((hash, origin, Instant::now()));
     }
     let settle_by = Instant::now() + args.settle;

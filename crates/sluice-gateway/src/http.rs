@@ -20,7 +20,7 @@ use sluice_upstream::Call;
 use tracing::Instrument;
 
 use crate::answer::{request_id, respond, RpcResponse};
-use crate::network::Target;
+use crate::network::PathTarget;
 use crate::pipeline::{Edge, Refused, Reply};
 use crate::stop::Stopping;
 use crate::telemetry::{InFlight, Transport};
@@ -95,9 +95,9 @@ async fn entry(
         return crate::page::page();
     }
     let (network, key) = match state.gateway.resolve(uri.path()) {
-        Target::Rpc { network, key } => (network, key.map(str::to_owned)),
-        Target::Unknown(message) => return unknown_network(&message, &headers).map(Body::new),
-        Target::Operator => return (StatusCode::NOT_FOUND, "not found\n").into_response(),
+        PathTarget::Rpc { network, key } => (network, key.map(str::to_owned)),
+        PathTarget::Unknown(message) => return unknown_network(&message, &headers).map(Body::new),
+        PathTarget::Operator => return (StatusCode::NOT_FOUND, "not found\n").into_response(),
     };
     if method == http::Method::POST {
         return serve_rpc(&state.gateway, network, key, &headers, peer, request.into_body()).await.map(Body::new);

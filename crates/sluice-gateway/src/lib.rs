@@ -136,7 +136,7 @@ impl Gateway {
     }
 
     /// Where a request path goes.
-    pub fn resolve<'a>(&self, path: &'a str) -> network::Target<'a> {
+    pub fn resolve<'a>(&self, path: &'a str) -> network::PathTarget<'a> {
         network::resolve(path, &self.directory)
     }
 

@@ -62,7 +62,7 @@ pub struct Directory {
 
 /// Where a JSON-RPC path goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target<'a> {
+pub enum PathTarget<'a> {
     /// Network `network` (an index into the directory), with the API key the path carries.
     Rpc {
         /// The network's index.
@@ -77,12 +77,12 @@ pub enum Target<'a> {
 }
 
 /// Finds the network a path names. Pure.
-pub fn resolve<'a>(path: &'a str, directory: &Directory) -> Target<'a> {
+pub fn resolve<'a>(path: &'a str, directory: &Directory) -> PathTarget<'a> {
     // The root (most requests, with a single network): no splitting.
     if let ("/", Some(network)) = (path, directory.default) {
-        return Target::Rpc { network, key: None };
+        return PathTarget::Rpc { network, key: None };
     }
-    let Some(rest) = path.strip_prefix('/') else { return Target::Unknown("no such path".into()) };
+    let Some(rest) = path.strip_prefix('/') else { return PathTarget::Unknown("no such path".into()) };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let mut parts = rest.splitn(3, '/');
     let first = parts.next().unwrap_or("");
@@ -90,8 +90,8 @@ pub fn resolve<'a>(path: &'a str, directory: &Directory) -> Target<'a> {
     let third = parts.next();
     match (first, second, third) {
         ("", None, None) => match directory.default {
-            Some(network) => Target::Rpc { network, key: None },
-            None => Target::Unknown(format!(
+            Some(network) => PathTarget::Rpc { network, key: None },
+            None => PathTarget::Unknown(format!(
                 "several networks are served here and none is the default: use {}",
                 paths_of(directory).join(", ")
             )),
@@ -103,20 +103,20 @@ pub fn resolve<'a>(path: &'a str, directory: &Directory) -> Target<'a> {
                 .ok()
                 .and_then(|chain| directory.entries.iter().position(|e| e.chain_id == Some(chain)));
             match found {
-                Some(network) if key.is_some() || third.is_none() => Target::Rpc { network, key },
-                _ => Target::Unknown(unknown(path)),
+                Some(network) if key.is_some() || third.is_none() => PathTarget::Rpc { network, key },
+                _ => PathTarget::Unknown(unknown(path)),
             }
         }
-        (name, _, _) if OPERATOR_PATHS.contains(&name) && second.is_none() => Target::Operator,
+        (name, _, _) if OPERATOR_PATHS.contains(&name) && second.is_none() => PathTarget::Operator,
         (name, key, None) => match directory.entries.iter().position(|e| e.id == name) {
-            Some(network) if directory.named => Target::Rpc { network, key },
+            Some(network) if directory.named => PathTarget::Rpc { network, key },
             _ if !directory.named && key.is_none() => match directory.default {
-                Some(network) => Target::Rpc { network, key: Some(name) },
-                None => Target::Unknown(unknown(path)),
+                Some(network) => PathTarget::Rpc { network, key: Some(name) },
+                None => PathTarget::Unknown(unknown(path)),
             },
-            _ => Target::Unknown(unknown(path)),
+            _ => PathTarget::Unknown(unknown(path)),
         },
-        _ => Target::Unknown(unknown(path)),
+        _ => PathTarget::Unknown(unknown(path)),
     }
 }
 
@@ -163,18 +163,18 @@ mod tests {
     #[test]
     fn named_networks_by_id_and_by_chain_id() {
         let d = named();
-        assert_eq!(resolve("/eth", &d), Target::Rpc { network: 0, key: None });
-        assert_eq!(resolve("/base/", &d), Target::Rpc { network: 1, key: None });
-        assert_eq!(resolve("/base/KEY", &d), Target::Rpc { network: 1, key: Some("KEY") });
-        assert_eq!(resolve("/evm/8453", &d), Target::Rpc { network: 1, key: None });
-        assert_eq!(resolve("/evm/1/KEY", &d), Target::Rpc { network: 0, key: Some("KEY") });
+        assert_eq!(resolve("/eth", &d), PathTarget::Rpc { network: 0, key: None });
+        assert_eq!(resolve("/base/", &d), PathTarget::Rpc { network: 1, key: None });
+        assert_eq!(resolve("/base/KEY", &d), PathTarget::Rpc { network: 1, key: Some("KEY") });
+        assert_eq!(resolve("/evm/8453", &d), PathTarget::Rpc { network: 1, key: None });
+        assert_eq!(resolve("/evm/1/KEY", &d), PathTarget::Rpc { network: 0, key: Some("KEY") });
     }
 
     #[test]
     fn unknown_networks_and_paths_name_nothing_configured() {
         let d = named();
         for path in ["/op", "/evm/10", "/evm/x", "/evm", "/eth/KEY/more", "/KEY", "/evm/1/KEY/x"] {
-            let Target::Unknown(message) = resolve(path, &d) else { panic!("{path} resolved") };
+            let PathTarget::Unknown(message) = resolve(path, &d) else { panic!("{path} resolved") };
             assert!(!message.contains("base"), "{path}: {message}");
         }
     }
@@ -182,27 +182,27 @@ mod tests {
     #[test]
     fn the_root_is_the_default_network_or_a_list_of_paths() {
         let mut d = named();
-        let Target::Unknown(message) = resolve("/", &d) else { panic!("no default") };
+        let PathTarget::Unknown(message) = resolve("/", &d) else { panic!("no default") };
         assert!(message.contains("/eth or /evm/1") && message.contains("/base or /evm/8453"), "{message}");
         d.default = Some(1);
-        assert_eq!(resolve("/", &d), Target::Rpc { network: 1, key: None });
+        assert_eq!(resolve("/", &d), PathTarget::Rpc { network: 1, key: None });
     }
 
     #[test]
     fn operator_paths_are_not_networks() {
         for path in ["/health", "/ready", "/metrics", "/status"] {
-            assert_eq!(resolve(path, &named()), Target::Operator);
-            assert_eq!(resolve(path, &single()), Target::Operator);
+            assert_eq!(resolve(path, &named()), PathTarget::Operator);
+            assert_eq!(resolve(path, &single()), PathTarget::Operator);
         }
     }
 
     #[test]
     fn a_single_implicit_network_keeps_keys_in_the_path() {
         let d = single();
-        assert_eq!(resolve("/", &d), Target::Rpc { network: 0, key: None });
-        assert_eq!(resolve("/KEY", &d), Target::Rpc { network: 0, key: Some("KEY") });
-        assert_eq!(resolve("/evm/31337", &d), Target::Rpc { network: 0, key: None });
-        assert!(matches!(resolve("/KEY/x", &d), Target::Unknown(_)));
-        assert!(matches!(resolve("/evm/1", &d), Target::Unknown(_)));
+        assert_eq!(resolve("/", &d), PathTarget::Rpc { network: 0, key: None });
+        assert_eq!(resolve("/KEY", &d), PathTarget::Rpc { network: 0, key: Some("KEY") });
+        assert_eq!(resolve("/evm/31337", &d), PathTarget::Rpc { network: 0, key: None });
+        assert!(matches!(resolve("/KEY/x", &d), PathTarget::Unknown(_)));
+        assert!(matches!(resolve("/evm/1", &d), PathTarget::Unknown(_)));
     }
 }

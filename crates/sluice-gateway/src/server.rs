@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use crate::header_timer::HeaderTimer;
 use crate::lanes::Lanes;
-use crate::network::Target;
+use crate::network::PathTarget;
 use crate::stop::{Stop, Stopping};
 use crate::{http, Gateway};
 
@@ -120,7 +120,7 @@ async fn serve_connection(
         async move {
             let (router, gateway) = &*shared;
             if req.method() == hyper::Method::POST {
-                if let Target::Rpc { network, key } = gateway.resolve(req.uri().path()) {
+                if let PathTarget::Rpc { network, key } = gateway.resolve(req.uri().path()) {
                     let key = key.map(str::to_owned);
                     let (parts, body) = req.into_parts();
                     let response = http::serve_rpc(gateway, network, key, &parts.headers, Some(peer), body).await;

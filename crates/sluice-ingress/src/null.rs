@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use alloy_primitives::{Bytes, B256};
 use async_trait::async_trait;
-use sluice_mempool::{Origin, SubmitError, TxIntake};
+use sluice_mempool::{SubmitError, TxIntake, TxSource};
 
 /// Counts what it is given; answers with the SHA-256 of the bytes as the "hash". A transaction
 /// that is exactly `b"reject"` is refused, so error paths can be exercised.
@@ -20,7 +20,7 @@ pub struct CountingIntake {
 
 #[async_trait]
 impl TxIntake for CountingIntake {
-    async fn submit(&self, raw: Bytes, _origin: Origin) -> Result<B256, SubmitError> {
+    async fn submit(&self, raw: Bytes, _origin: TxSource) -> Result<B256, SubmitError> {
         if raw.as_ref() == b"reject" {
             return Err(SubmitError::Unavailable("the counting intake refuses \"reject\"".into()));
         }

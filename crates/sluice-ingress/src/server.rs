@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
-use sluice_mempool::{Origin, TxIntake};
+use sluice_mempool::{TxIntake, TxSource};
 
 use crate::config::{ConfigError, IngressConfig};
 use crate::identity::{Identity, KeyPair};
@@ -318,7 +318,7 @@ async fn serve_stream(
         Ok(Ok(data)) => {
             stats.bytes.fetch_add(data.len() as u64, Relaxed);
             m.bytes.increment(data.len() as u64);
-            let result = shared.intake.submit(data.into(), Origin::Quic).await;
+            let result = shared.intake.submit(data.into(), TxSource::Quic).await;
             match &result {
                 Ok(_) => {
                     shared.stats.latency.record(started.elapsed());

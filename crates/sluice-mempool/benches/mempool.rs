@@ -24,7 +24,7 @@ use alloy_primitives::{Address, Bytes, B256};
 use fixed_chain::FixedChain;
 use sluice_bench::txgen::{Fees, SignedTx, Wallet};
 use sluice_mempool::journal::Sync;
-use sluice_mempool::{Mempool, MempoolConfig, Origin, PoolView, Rules, TxIntake};
+use sluice_mempool::{Mempool, MempoolConfig, PoolView, Rules, TxIntake, TxSource};
 use sluice_upstream::HeadFeed;
 
 /// The allocator the `sluice` binary ships with, so that the bench measures what runs.
@@ -120,7 +120,7 @@ async fn mempool(sync: Sync, dir: &std::path::Path, name: &str, verify_nice: i32
 async fn insert_single(mempool: &Arc<Mempool>, txs: &[SignedTx]) -> f64 {
     let started = Instant::now();
     for t in txs {
-        mempool.submit(Bytes::from(t.raw.clone()), Origin::Rpc).await.expect("accepted");
+        mempool.submit(Bytes::from(t.raw.clone()), TxSource::Rpc).await.expect("accepted");
     }
     txs.len() as f64 / started.elapsed().as_secs_f64()
 }
@@ -138,7 +138,7 @@ async fn insert_batched(mempool: &Arc<Mempool>, txs: &[SignedTx], concurrency: u
                 loop {
                     let next = queue.lock().expect("queue").pop();
                     let Some(raw) = next else { return };
-                    mempool.submit(raw, Origin::Rpc).await.expect("accepted");
+                    mempool.submit(raw, TxSource::Rpc).await.expect("accepted");
                 }
             })
         })

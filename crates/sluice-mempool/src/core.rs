@@ -15,7 +15,7 @@ use tokio::sync::{oneshot, Semaphore};
 
 use crate::config::MempoolConfig;
 use crate::intake::Ticket;
-use crate::seams::{Origin, SubmitError};
+use crate::seams::{SubmitError, TxSource};
 use crate::state::StateReader;
 use crate::status::{Statuses, TxStatus};
 use crate::verify::{Admission, Verified, Verifier, VerifyError};
@@ -50,7 +50,7 @@ impl Core {
     /// One submission: verified, its sender's state read, inserted by the writer and (with
     /// `journal`; false for records replayed from it) journaled before the answer. When the
     /// intake is full, refuses or waits as `origin`'s admission says.
-    pub async fn submit_with(&self, raw: Bytes, origin: Origin, journal: bool) -> Result<B256, SubmitError> {
+    pub async fn submit_with(&self, raw: Bytes, origin: TxSource, journal: bool) -> Result<B256, SubmitError> {
         // A transaction already pooled (peers forward each transaction several times, clients
         // retry) is answered by the verifier from the hash that decoding computes, before the
         // checks and the sender recovery: hashing it here first too was a seventh of the async
@@ -120,7 +120,7 @@ impl Core {
     fn settle(
         &self,
         hash: impl FnOnce() -> B256,
-        origin: Origin,
+        origin: TxSource,
         result: Result<B256, SubmitError>,
     ) -> Result<B256, SubmitError> {
         match result {
@@ -133,7 +133,7 @@ impl Core {
                 tracing::debug!(%hash, ?origin, "transaction pooled already");
                 Ok(hash)
             }
-            Err(e @ SubmitError::Refused(InsertError::NonceTooLow { .. })) if origin == Origin::Reorg => {
+            Err(e @ SubmitError::Refused(InsertError::NonceTooLow { .. })) if origin == TxSource::Reorg => {
                 // Included again by the new chain.
                 self.statuses.record(hash(), TxStatus::Mined { block: None });
                 Err(e)
@@ -149,7 +149,7 @@ impl Core {
     pub async fn submit_in_order(
         &self,
         raws: Vec<Bytes>,
-        origin: Origin,
+        origin: TxSource,
         journal: bool,
     ) -> Vec<Result<B256, SubmitError>> {
         let Some(rules) = self.rules.load_full() else {
@@ -179,7 +179,7 @@ impl Core {
     async fn insert_in_order(
         &self,
         chunk: Vec<(Bytes, Result<Verified, VerifyError>)>,
-        origin: Origin,
+        origin: TxSource,
         journal: bool,
     ) -> Vec<Result<B256, SubmitError>> {
         let mut senders: Vec<Address> = chunk

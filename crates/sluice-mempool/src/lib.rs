@@ -34,6 +34,6 @@ pub use config::MempoolConfig;
 pub use decode::{decode, DecodeError, Rules};
 pub use pool::{AsPoolTx, Config, InsertError, Inserted, Pool, PoolTx, Status};
 pub use rpc::MempoolLayer;
-pub use seams::{Origin, PoolView, SubmitError, TxIntake, TxpoolMethod};
+pub use seams::{PoolView, SubmitError, TxIntake, TxSource, TxpoolMethod};
 pub use service::Mempool;
 pub use view::{Pooled, Snapshot};

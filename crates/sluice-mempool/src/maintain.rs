@@ -22,7 +22,7 @@ use sluice_upstream::{Answer, Call, Upstreams};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::core::Core;
-use crate::seams::Origin;
+use crate::seams::TxSource;
 use crate::view::Pooled;
 use crate::writer::Command;
 use crate::Rules;
@@ -234,7 +234,7 @@ impl Core {
         let count = dropped.len();
         // In block order, so each sender's nonces come back in order.
         let raws = dropped.into_iter().map(|p| p.raw.clone()).collect();
-        let results = self.submit_in_order(raws, Origin::Reorg, true).await;
+        let results = self.submit_in_order(raws, TxSource::Reorg, true).await;
         let back = results.iter().filter(|r| r.is_ok()).count();
         metrics::counter!("sluice_mempool_reinjected_total", "network" => self.config.network.clone())
             .increment(back as u64);

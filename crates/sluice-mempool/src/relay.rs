@@ -22,7 +22,7 @@ const MAX_BATCH: usize = 256;
 
 /// What a node's answer to `eth_sendRawTransaction` means for the pool.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum RelayDecision {
     /// Accepted, or already known to the node (including already mined): keep it until mined.
     Keep,
     /// Refused for good: remove it, with this reason.
@@ -31,12 +31,12 @@ pub enum Verdict {
 
 /// Reads a node's error answer. Duplicates (in every node's wording, as the upstream pool
 /// reads them) and "nonce too low" (mined meanwhile) are not refusals; anything else is.
-pub fn verdict(error: &RawValue) -> Verdict {
+pub fn verdict(error: &RawValue) -> RelayDecision {
     let message = error_message(error);
     if is_already_known(error) || message.to_ascii_lowercase().contains("nonce too low") {
-        Verdict::Keep
+        RelayDecision::Keep
     } else {
-        Verdict::Reject(message)
+        RelayDecision::Reject(message)
     }
 }
 
@@ -97,16 +97,16 @@ async fn send(core: &Core, txs: Vec<Arc<Pooled>>, last_sent: &mut HashMap<B256, 
             Ok(a) => {
                 last_sent.insert(hash, now);
                 let verdict = match &a.outcome {
-                    Outcome::Result(_) => Verdict::Keep,
+                    Outcome::Result(_) => RelayDecision::Keep,
                     Outcome::Error(raw) => verdict(raw),
                 };
                 match verdict {
-                    Verdict::Keep => {
+                    RelayDecision::Keep => {
                         let network = core.config.network.clone();
                         metrics::counter!("sluice_mempool_relayed_total", "network" => network, "kind" => kind)
                             .increment(1)
                     }
-                    Verdict::Reject(reason) => {
+                    RelayDecision::Reject(reason) => {
                         metrics::counter!("sluice_mempool_relay_rejected_total", "network" => core.config.network.clone())
                             .increment(1);
                         tracing::warn!(%hash, %reason, "the upstream refused a pooled transaction; removed");
@@ -141,10 +141,10 @@ mod tests {
         let error = |message: &str| {
             RawValue::from_string(serde_json::json!({"code": -32000, "message": message}).to_string()).unwrap()
         };
-        assert_eq!(verdict(&error("already known")), Verdict::Keep);
-        assert_eq!(verdict(&error("transaction already imported")), Verdict::Keep);
-        assert_eq!(verdict(&error("nonce too low: next nonce 5, tx nonce 4")), Verdict::Keep);
+        assert_eq!(verdict(&error("already known")), RelayDecision::Keep);
+        assert_eq!(verdict(&error("transaction already imported")), RelayDecision::Keep);
+        assert_eq!(verdict(&error("nonce too low: next nonce 5, tx nonce 4")), RelayDecision::Keep);
         let poor = "insufficient funds for gas * price + value";
-        assert_eq!(verdict(&error(poor)), Verdict::Reject(poor.into()));
+        assert_eq!(verdict(&error(poor)), RelayDecision::Reject(poor.into()));
     }
 }

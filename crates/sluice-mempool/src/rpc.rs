@@ -22,7 +22,7 @@ use sluice_chain::methods::{Class, MethodInfo, Submit};
 use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
 use sluice_upstream::{Answer, Call, CallCtx, CallFuture, Source, UpstreamError, Upstreams};
 
-use crate::seams::{Origin, PoolView, SubmitError, TxIntake, TxpoolMethod};
+use crate::seams::{PoolView, SubmitError, TxIntake, TxSource, TxpoolMethod};
 use crate::service::Mempool;
 use crate::status::TxStatus;
 use crate::view::quantity;
@@ -108,7 +108,7 @@ impl MempoolLayer {
             Some(Ok(raw)) => raw,
             _ => return Some(invalid_params("expected a hex-encoded transaction")),
         };
-        let hash = match self.mempool.submit(raw, Origin::Rpc).await {
+        let hash = match self.mempool.submit(raw, TxSource::Rpc).await {
             Ok(hash) => hash,
             Err(e) => return Some(Outcome::error(&submit_error(&e))),
         };

@@ -1,5 +1,5 @@
 //! The seams the rest of sluice uses the mempool through: [`TxIntake`] (submissions, with their
-//! [`Origin`] and [`SubmitError`]) and [`PoolView`] (lock-free reads of the published snapshot).
+//! [`TxSource`] and [`SubmitError`]) and [`PoolView`] (lock-free reads of the published snapshot).
 
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use crate::{DecodeError, InsertError};
 
 /// Where a transaction came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
+pub enum TxSource {
     /// `eth_sendRawTransaction`.
     Rpc,
     /// The QUIC ingress.
@@ -25,14 +25,14 @@ pub enum Origin {
     Journal,
 }
 
-impl Origin {
+impl TxSource {
     /// When the intake is full: outside callers (who can retry) are refused as busy; the
     /// pool's own work (replay, re-injection) and its peers' wait for room, so nothing
     /// acknowledged is dropped for being busy.
     pub fn admission(self) -> Admission {
         match self {
-            Origin::Rpc | Origin::Quic => Admission::Refuse,
-            Origin::Peer | Origin::Reorg | Origin::Journal => Admission::Wait,
+            TxSource::Rpc | TxSource::Quic => Admission::Refuse,
+            TxSource::Peer | TxSource::Reorg | TxSource::Journal => Admission::Wait,
         }
     }
 }
@@ -59,7 +59,7 @@ pub enum SubmitError {
 pub trait TxIntake: Send + std::marker::Sync + 'static {
     /// Validates, pools and journals one raw transaction; answers with its hash once it is
     /// durable and visible to readers. A transaction already pooled answers with its hash.
-    async fn submit(&self, raw: Bytes, origin: Origin) -> Result<B256, SubmitError>;
+    async fn submit(&self, raw: Bytes, origin: TxSource) -> Result<B256, SubmitError>;
 }
 
 /// Reads the pool without waiting for writers.

@@ -17,7 +17,7 @@ use crate::config::MempoolConfig;
 use crate::core::Core;
 use crate::intake::Intake;
 use crate::journal::Journal;
-use crate::seams::{Origin, PoolView, SubmitError, TxIntake};
+use crate::seams::{PoolView, SubmitError, TxIntake, TxSource};
 use crate::state::StateReader;
 use crate::status::Statuses;
 use crate::verify::Verifier;
@@ -229,7 +229,7 @@ impl Mempool {
 
     /// One pass: how many were pooled, and the records to try again.
     async fn replay_pass(&self, todo: Vec<Bytes>) -> (usize, Vec<Bytes>) {
-        let results = self.core.submit_in_order(todo.clone(), Origin::Journal, false).await;
+        let results = self.core.submit_in_order(todo.clone(), TxSource::Journal, false).await;
         let kept = results.iter().filter(|r| r.is_ok()).count();
         let again = todo
             .into_iter()
@@ -341,7 +341,7 @@ impl Mempool {
 
 #[async_trait]
 impl TxIntake for Mempool {
-    async fn submit(&self, raw: Bytes, origin: Origin) -> Result<B256, SubmitError> {
+    async fn submit(&self, raw: Bytes, origin: TxSource) -> Result<B256, SubmitError> {
         self.core.submit_with(raw, origin, true).await
     }
 }

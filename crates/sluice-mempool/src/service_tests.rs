@@ -32,7 +32,7 @@ async fn reads_answer_while_the_writer_is_held_inside_a_batch() {
     for w in &wallets {
         for nonce in 0..10 {
             let tx = w.transfer(nonce, Address::ZERO, 1, Fees::default());
-            mempool.submit(Bytes::from(tx.raw.clone()), Origin::Rpc).await.unwrap();
+            mempool.submit(Bytes::from(tx.raw.clone()), TxSource::Rpc).await.unwrap();
             pooled.push((w.address(), tx.hash));
         }
     }
@@ -45,7 +45,7 @@ async fn reads_answer_while_the_writer_is_held_inside_a_batch() {
     let late = wallets[0].transfer(10, Address::ZERO, 1, Fees::default());
     let waiting = {
         let mempool = mempool.clone();
-        tokio::spawn(async move { mempool.submit(Bytes::from(late.raw.clone()), Origin::Rpc).await })
+        tokio::spawn(async move { mempool.submit(Bytes::from(late.raw.clone()), TxSource::Rpc).await })
     };
     let mut times = Vec::new();
     for (i, (sender, hash)) in pooled.iter().cycle().take(300).enumerate() {
@@ -85,8 +85,8 @@ async fn a_pooled_transaction_sent_again_hears_its_hash_also_when_the_intake_is_
     let wallet = Wallet::numbered(900, 31337);
     let tx = wallet.transfer(0, Address::ZERO, 1, Fees::default());
     let raw = Bytes::from(tx.raw.clone());
-    assert_eq!(mempool.submit(raw.clone(), Origin::Rpc).await, Ok(tx.hash));
-    assert_eq!(mempool.submit(raw.clone(), Origin::Peer).await, Ok(tx.hash), "again, from a peer");
+    assert_eq!(mempool.submit(raw.clone(), TxSource::Rpc).await, Ok(tx.hash));
+    assert_eq!(mempool.submit(raw.clone(), TxSource::Peer).await, Ok(tx.hash), "again, from a peer");
     assert_eq!(mempool.snapshot().len(), 1);
     // The intake full: its one place held by a submission waiting behind the held writer.
     let (release, held) = std::sync::mpsc::channel();
@@ -96,7 +96,7 @@ async fn a_pooled_transaction_sent_again_hears_its_hash_also_when_the_intake_is_
     let next = wallet.transfer(1, Address::ZERO, 1, Fees::default());
     let waiting = {
         let mempool = mempool.clone();
-        tokio::spawn(async move { mempool.submit(Bytes::from(next.raw.clone()), Origin::Rpc).await })
+        tokio::spawn(async move { mempool.submit(Bytes::from(next.raw.clone()), TxSource::Rpc).await })
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     while mempool.core.inflight.available_permits() > 0 {
@@ -104,8 +104,8 @@ async fn a_pooled_transaction_sent_again_hears_its_hash_also_when_the_intake_is_
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let other = wallet.transfer(2, Address::ZERO, 1, Fees::default());
-    assert_eq!(mempool.submit(Bytes::from(other.raw.clone()), Origin::Rpc).await, Err(SubmitError::Busy));
-    assert_eq!(mempool.submit(raw, Origin::Rpc).await, Ok(tx.hash), "the pooled one: its hash, not busy");
+    assert_eq!(mempool.submit(Bytes::from(other.raw.clone()), TxSource::Rpc).await, Err(SubmitError::Busy));
+    assert_eq!(mempool.submit(raw, TxSource::Rpc).await, Ok(tx.hash), "the pooled one: its hash, not busy");
     release.send(()).unwrap();
     assert!(waiting.await.unwrap().is_ok());
 }

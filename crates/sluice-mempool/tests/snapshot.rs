@@ -9,7 +9,7 @@ use std::sync::Arc;
 use alloy_primitives::{Address, Bytes};
 use fixed_chain::FixedChain;
 use sluice_bench::txgen::{Fees, Wallet};
-use sluice_mempool::{Mempool, MempoolConfig, Origin, PoolView, Snapshot, TxIntake};
+use sluice_mempool::{Mempool, MempoolConfig, PoolView, Snapshot, TxIntake, TxSource};
 use sluice_upstream::HeadFeed;
 
 fn check(snapshot: &Snapshot) {
@@ -64,7 +64,7 @@ async fn every_snapshot_is_consistent_through_gaps_replacements_and_refusals() {
     let submit_all = |txs: Vec<sluice_bench::txgen::SignedTx>| {
         let mempool = mempool.clone();
         async move {
-            let submits = txs.iter().map(|t| mempool.submit(Bytes::from(t.raw.clone()), Origin::Rpc));
+            let submits = txs.iter().map(|t| mempool.submit(Bytes::from(t.raw.clone()), TxSource::Rpc));
             futures_util::future::join_all(submits).await
         }
     };

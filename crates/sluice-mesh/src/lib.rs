@@ -30,4 +30,4 @@ pub use config::{load_or_generate_key, MeshConfig, MeshSettings};
 pub use libp2p::identity::Keypair;
 pub use node::{BroadcastRefused, Mesh, MeshError, PoolContents};
 pub use status::{AckTimes, MeshStatus, PeerStatus};
-pub use wire::{peer_of, TxBatch, Verdict, MAX_BATCH_IN, PROTOCOL};
+pub use wire::{peer_of, Ack, TxBatch, MAX_BATCH_IN, PROTOCOL};

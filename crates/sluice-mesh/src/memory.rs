@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use alloy_primitives::{keccak256, Bytes, B256};
 use async_trait::async_trait;
-use sluice_mempool::{DecodeError, Origin, SubmitError, TxIntake};
+use sluice_mempool::{DecodeError, SubmitError, TxIntake, TxSource};
 use tokio::sync::mpsc;
 
 /// The stand-in pool.
@@ -51,7 +51,7 @@ impl MemoryPool {
 
 #[async_trait]
 impl TxIntake for MemoryPool {
-    async fn submit(&self, raw: Bytes, _origin: Origin) -> Result<B256, SubmitError> {
+    async fn submit(&self, raw: Bytes, _origin: TxSource) -> Result<B256, SubmitError> {
         if raw.first() == Some(&0xff) {
             return Err(SubmitError::Invalid(DecodeError::Malformed("the memory pool refuses 0xff…".into())));
         }

@@ -30,7 +30,7 @@ pub struct TxBatch {
 
 /// The receiver's verdict: the application-level acknowledgement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Verdict {
+pub enum Ack {
     /// Taken into its pool.
     Accepted,
     /// Refused by validation (not retried, and never forwarded by the receiver).

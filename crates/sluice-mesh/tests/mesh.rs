@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use alloy_primitives::keccak256;
 use libp2p::{identity, Multiaddr};
-use sluice_mempool::{Origin, TxIntake};
+use sluice_mempool::{TxIntake, TxSource};
 use sluice_mesh::memory::MemoryPool;
 use sluice_mesh::{Mesh, MeshSettings};
 
@@ -95,7 +95,7 @@ fn tx(tag: u64, i: u64) -> Vec<u8> {
 }
 
 async fn submit(node: &TestNode, raw: Vec<u8>) {
-    node.pool.submit(raw.into(), Origin::Rpc).await.expect("taken");
+    node.pool.submit(raw.into(), TxSource::Rpc).await.expect("taken");
 }
 
 /// Waits until every pool holds `n` transactions, up to `within`.
@@ -231,7 +231,7 @@ async fn three_nodes_ten_thousand_each_nothing_lost_nothing_twice() {
         let pool = n.pool.clone();
         tasks.push(tokio::spawn(async move {
             for i in 0..per_node {
-                pool.submit(tx(k as u64, i).into(), Origin::Rpc).await.expect("taken");
+                pool.submit(tx(k as u64, i).into(), TxSource::Rpc).await.expect("taken");
             }
         }));
     }

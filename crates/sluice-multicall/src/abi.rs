@@ -26,7 +26,7 @@ sol! {
 
 /// One call as the aggregate carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub struct Subcall {
     /// The contract (or account) called.
     pub to: Address,
     /// The call data.
@@ -35,7 +35,7 @@ pub struct Target {
 
 /// The `data` of an `eth_call` to Multicall3 running `targets`, every failure allowed (so that
 /// one revert does not spoil the others).
-pub fn encode(targets: &[Target]) -> Vec<u8> {
+pub fn encode(targets: &[Subcall]) -> Vec<u8> {
     let calls = targets.iter().map(|t| Call3 { target: t.to, allowFailure: true, callData: t.data.clone() }).collect();
     aggregate3Call { calls }.abi_encode()
 }
@@ -67,7 +67,7 @@ mod tests {
     #[test]
     fn the_selector_is_multicall3s() {
         assert_eq!(aggregate3Call::SELECTOR, [0x82, 0xad, 0x56, 0xcb]);
-        let data = encode(&[Target { to: MULTICALL3, data: Bytes::from_static(&[1, 2, 3]) }]);
+        let data = encode(&[Subcall { to: MULTICALL3, data: Bytes::from_static(&[1, 2, 3]) }]);
         assert_eq!(&data[..4], &[0x82, 0xad, 0x56, 0xcb]);
     }
 

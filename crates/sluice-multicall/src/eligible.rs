@@ -11,13 +11,13 @@
 use alloy_primitives::{Address, Bytes};
 use serde_json::value::RawValue;
 
-use crate::abi::Target;
+use crate::abi::Subcall;
 
 /// An `eth_call` an aggregate can carry: its target and the block it runs at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Eligible {
     /// What to call.
-    pub target: Target,
+    pub target: Subcall,
     /// The block parameter's JSON text as sent (or pinned by the cache); `None` when the
     /// caller sent none (the node's default, `latest`). Calls are grouped by it.
     pub block: Option<String>,
@@ -52,7 +52,7 @@ pub fn eligible(params: &str) -> Option<Eligible> {
     if block.as_deref() == Some("null") {
         return None;
     }
-    Some(Eligible { target: Target { to, data: Bytes::from(data) }, block })
+    Some(Eligible { target: Subcall { to, data: Bytes::from(data) }, block })
 }
 
 /// `0x`-prefixed hex with an even number of digits; anything else is left to the node.

@@ -15,7 +15,7 @@ use sluice_jsonrpc::{Id, Outcome, Request};
 use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
 use tokio::sync::{broadcast, oneshot, watch};
 
-use crate::abi::{self, Inner, Target, MULTICALL3};
+use crate::abi::{self, Inner, Subcall, MULTICALL3};
 use crate::{eligible, AggregateConfig};
 
 /// Most call data in one aggregate: a group this large leaves at once.
@@ -41,7 +41,7 @@ enum Presence {
 }
 
 struct Waiting {
-    target: Target,
+    target: Subcall,
     call: Call,
     answer: oneshot::Sender<Result<Answer, UpstreamError>>,
 }
@@ -200,7 +200,7 @@ impl Shared {
     /// Puts a call into its block's group; the group leaves when its window ends or it is full.
     fn enqueue(
         self: &Arc<Self>,
-        target: Target,
+        target: Subcall,
         block: Option<String>,
         call: Call,
     ) -> oneshot::Receiver<Result<Answer, UpstreamError>> {
@@ -248,7 +248,7 @@ impl Shared {
             return;
         }
         self.batches.increment(1);
-        let targets: Vec<Target> = waiting.iter().map(|w| w.target.clone()).collect();
+        let targets: Vec<Subcall> = waiting.iter().map(|w| w.target.clone()).collect();
         let aggregate = self.aggregate_call(&waiting, abi::encode(&targets), block.as_deref());
         let results = match self.inner.call(&aggregate).await {
             Ok(Answer { outcome: Outcome::Result(raw), .. }) => serde_json::from_str::<&str>(raw.get())

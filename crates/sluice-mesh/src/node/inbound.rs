@@ -5,13 +5,13 @@
 use alloy_primitives::keccak256;
 use libp2p::request_response;
 use libp2p::PeerId;
-use sluice_mempool::{Origin, SubmitError};
+use sluice_mempool::{SubmitError, TxSource};
 
 use super::{Answer, Node};
-use crate::wire::{TxBatch, Verdict, MAX_BATCH_IN};
+use crate::wire::{Ack, TxBatch, MAX_BATCH_IN};
 
 impl Node {
-    pub(super) fn on_tx(&mut self, event: request_response::Event<TxBatch, Vec<Verdict>>) {
+    pub(super) fn on_tx(&mut self, event: request_response::Event<TxBatch, Vec<Ack>>) {
         use request_response::{Event, Message};
         match event {
             Event::Message { peer, message: Message::Request { request, channel, .. }, .. } => {
@@ -20,8 +20,7 @@ impl Node {
                 self.inbound.requests += 1;
                 if txs.len() > MAX_BATCH_IN {
                     let why = format!("{} transactions in one request; at most {MAX_BATCH_IN}", txs.len());
-                    let _ =
-                        self.swarm.behaviour_mut().tx.send_response(channel, vec![Verdict::Invalid(why); txs.len()]);
+                    let _ = self.swarm.behaviour_mut().tx.send_response(channel, vec![Ack::Invalid(why); txs.len()]);
                     self.judge(peer, txs.len() as u64);
                     return;
                 }
@@ -40,7 +39,7 @@ impl Node {
                         let intake = crate::chains::pool_for(&chains, chain).map(|p| p.intake.clone());
                         async move {
                             match intake {
-                                Some(intake) => Some(intake.submit(raw.into_vec().into(), Origin::Peer).await),
+                                Some(intake) => Some(intake.submit(raw.into_vec().into(), TxSource::Peer).await),
                                 None => None,
                             }
                         }
@@ -52,16 +51,16 @@ impl Node {
                         None => {
                             // Not held against the sender: it does not know which chains we serve.
                             unserved += 1;
-                            Verdict::Invalid(format!("chain {} is not served by this node", named[i]))
+                            Ack::Invalid(format!("chain {} is not served by this node", named[i]))
                         }
-                        Some(Ok(_)) => Verdict::Accepted,
+                        Some(Ok(_)) => Ack::Accepted,
                         Some(Err(e @ (SubmitError::Busy | SubmitError::Unavailable(_)))) => {
-                            Verdict::Unavailable(e.to_string())
+                            Ack::Unavailable(e.to_string())
                         }
                         Some(Err(e)) => {
                             // Failing the stateless rules: the sender did not check it.
                             malformed += matches!(e, SubmitError::Invalid(_)) as u64;
-                            Verdict::Invalid(e.to_string())
+                            Ack::Invalid(e.to_string())
                         }
                     })
                     .collect();
@@ -77,9 +76,9 @@ impl Node {
                 let verdicts: Vec<Result<(), String>> = response
                     .into_iter()
                     .map(|verdict| match verdict {
-                        Verdict::Accepted => Ok(()),
-                        Verdict::Unavailable(why) => Err(why),
-                        Verdict::Invalid(why) => {
+                        Ack::Accepted => Ok(()),
+                        Ack::Unavailable(why) => Err(why),
+                        Ack::Invalid(why) => {
                             // Delivered and judged: acknowledged, not retried, counted.
                             metrics::counter!("sluice_mesh_peer_refused_total").increment(1);
                             tracing::debug!(%peer, %why, "peer refused a transaction");

@@ -26,7 +26,7 @@ use crate::conduct::Conduct;
 use crate::config::MeshConfig;
 use crate::known::Known;
 use crate::outbox::{Action, Done, Outbox, Outcome, Weight};
-use crate::wire::{peer_of, TxBatch, Verdict, KAD_PROTOCOL, MAX_BATCH_IN, MAX_REQUEST_BYTES, PROTOCOL};
+use crate::wire::{peer_of, Ack, TxBatch, KAD_PROTOCOL, MAX_BATCH_IN, MAX_REQUEST_BYTES, PROTOCOL};
 
 mod discovery;
 mod handle;
@@ -73,7 +73,7 @@ struct Behaviour {
     /// Banned peers: their connections are closed and refused.
     blocked: libp2p::allow_block_list::Behaviour<libp2p::allow_block_list::BlockedPeers>,
     limits: libp2p::connection_limits::Behaviour,
-    tx: request_response::cbor::Behaviour<TxBatch, Vec<Verdict>>,
+    tx: request_response::cbor::Behaviour<TxBatch, Vec<Ack>>,
     identify: identify::Behaviour,
     /// Discovery, when configured.
     kad: libp2p::swarm::behaviour::toggle::Toggle<kad::Behaviour<kad::store::MemoryStore>>,
@@ -131,8 +131,8 @@ struct Node {
 /// Verdicts on a peer's request, and how many of its transactions were malformed.
 struct Answer {
     peer: PeerId,
-    channel: ResponseChannel<Vec<Verdict>>,
-    verdicts: Vec<Verdict>,
+    channel: ResponseChannel<Vec<Ack>>,
+    verdicts: Vec<Ack>,
     malformed: u64,
     /// Transactions of chains this node does not serve.
     unserved: u64,

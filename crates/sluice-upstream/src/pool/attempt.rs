@@ -7,7 +7,7 @@ use std::time::Instant;
 use sluice_chain::BlockNeed;
 use sluice_jsonrpc::Outcome;
 
-use super::classify::{is_missing_block, judge_error, Verdict};
+use super::classify::{is_missing_block, judge_error, AfterAnswer};
 use super::integrity::Suspect;
 use super::{Node, Order, Pool};
 use crate::{Answer, Call, UpstreamError};
@@ -34,9 +34,9 @@ pub(super) fn judge(outcome: &Result<Outcome, UpstreamError>, needs: &BlockNeed,
         Ok(Outcome::Result(_)) => Step::Done,
         Ok(Outcome::Error(e)) if needs.is_specific() && is_missing_block(e) => Step::Missing,
         Ok(Outcome::Error(e)) => match judge_error(e) {
-            Verdict::Final => Step::Done,
-            Verdict::RetryElsewhere => Step::Retry,
-            Verdict::TryAnother => Step::Another,
+            AfterAnswer::Final => Step::Done,
+            AfterAnswer::RetryElsewhere => Step::Retry,
+            AfterAnswer::TryAnother => Step::Another,
         },
         Err(UpstreamError::BudgetExhausted | UpstreamError::NoneAvailable) => Step::Another,
         Err(_) => Step::Retry,

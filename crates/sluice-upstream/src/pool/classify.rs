@@ -4,7 +4,7 @@ use sluice_jsonrpc::{codes, RawValue};
 
 /// What to do after an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum AfterAnswer {
     /// A good answer, or an error that is the request's own fault: return it.
     Final,
     /// The upstream failed (transport, timeout, 429/5xx, garbage, overload): try another one,
@@ -15,28 +15,28 @@ pub enum Verdict {
 }
 
 /// Judges a JSON-RPC error from an upstream.
-pub fn judge_error(error: &RawValue) -> Verdict {
+pub fn judge_error(error: &RawValue) -> AfterAnswer {
     let value: serde_json::Value = serde_json::from_str(error.get()).unwrap_or_default();
     let code = value["code"].as_i64().unwrap_or(0);
     let message = value["message"].as_str().unwrap_or("").to_ascii_lowercase();
     if too_large(&message) {
         // The answer would be too large for this node's limits: another node may have larger
         // ones. Not a failure of the node (its circuit stays closed).
-        return Verdict::TryAnother;
+        return AfterAnswer::TryAnother;
     }
     match code {
-        codes::METHOD_NOT_FOUND => Verdict::TryAnother,
+        codes::METHOD_NOT_FOUND => AfterAnswer::TryAnother,
         // Overloaded or rate-limited providers, and internal failures of the node itself.
         codes::LIMIT_EXCEEDED | codes::INTERNAL_ERROR | codes::RESOURCE_UNAVAILABLE | -32099..=-32006 => {
-            Verdict::RetryElsewhere
+            AfterAnswer::RetryElsewhere
         }
         _ if message.contains("rate limit")
             || message.contains("too many requests")
             || message.contains("capacity") =>
         {
-            Verdict::RetryElsewhere
+            AfterAnswer::RetryElsewhere
         }
-        _ => Verdict::Final, // reverted, invalid params, nonce too low, …
+        _ => AfterAnswer::Final, // reverted, invalid params, nonce too low, …
     }
 }
 
@@ -124,19 +124,19 @@ mod tests {
 
     #[test]
     fn the_requests_own_faults_are_final() {
-        assert_eq!(judge_error(&raw(r#"{"code":3,"message":"execution reverted","data":"0x"}"#)), Verdict::Final);
-        assert_eq!(judge_error(&raw(r#"{"code":-32602,"message":"invalid params"}"#)), Verdict::Final);
-        assert_eq!(judge_error(&raw(r#"{"code":-32000,"message":"nonce too low"}"#)), Verdict::Final);
+        assert_eq!(judge_error(&raw(r#"{"code":3,"message":"execution reverted","data":"0x"}"#)), AfterAnswer::Final);
+        assert_eq!(judge_error(&raw(r#"{"code":-32602,"message":"invalid params"}"#)), AfterAnswer::Final);
+        assert_eq!(judge_error(&raw(r#"{"code":-32000,"message":"nonce too low"}"#)), AfterAnswer::Final);
     }
 
     #[test]
     fn upstream_trouble_is_retried_elsewhere() {
-        assert_eq!(judge_error(&raw(r#"{"code":-32005,"message":"limit exceeded"}"#)), Verdict::RetryElsewhere);
-        assert_eq!(judge_error(&raw(r#"{"code":-32000,"message":"Too Many Requests"}"#)), Verdict::RetryElsewhere);
-        assert_eq!(judge_error(&raw(r#"{"code":-32603,"message":"internal"}"#)), Verdict::RetryElsewhere);
-        assert_eq!(judge_error(&raw(r#"{"code":-32601,"message":"no such method"}"#)), Verdict::TryAnother);
+        assert_eq!(judge_error(&raw(r#"{"code":-32005,"message":"limit exceeded"}"#)), AfterAnswer::RetryElsewhere);
+        assert_eq!(judge_error(&raw(r#"{"code":-32000,"message":"Too Many Requests"}"#)), AfterAnswer::RetryElsewhere);
+        assert_eq!(judge_error(&raw(r#"{"code":-32603,"message":"internal"}"#)), AfterAnswer::RetryElsewhere);
+        assert_eq!(judge_error(&raw(r#"{"code":-32601,"message":"no such method"}"#)), AfterAnswer::TryAnother);
         let too_large = r#"{"code":-32005,"message":"query returned more than 10000 results"}"#;
-        assert_eq!(judge_error(&raw(too_large)), Verdict::TryAnother, "the query's size, not the node's health");
+        assert_eq!(judge_error(&raw(too_large)), AfterAnswer::TryAnother, "the query's size, not the node's health");
     }
 
     #[test]

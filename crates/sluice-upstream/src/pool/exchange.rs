@@ -8,7 +8,7 @@ use sluice_jsonrpc::{Outcome, Request};
 use tokio::sync::TryAcquireError;
 use tracing::Instrument;
 
-use super::{is_rate_limited, judge_error, InFlight, Pool, Verdict};
+use super::{is_rate_limited, judge_error, AfterAnswer, InFlight, Pool};
 use crate::{Node, Origin, UpstreamError};
 
 impl<N: Node> Pool<N> {
@@ -98,7 +98,7 @@ impl<N: Node> Pool<N> {
             }
             let healthy = match &answer {
                 Ok(outcomes) => outcomes.iter().all(|o| match o {
-                    Ok(Outcome::Error(e)) => judge_error(e) != Verdict::RetryElsewhere,
+                    Ok(Outcome::Error(e)) => judge_error(e) != AfterAnswer::RetryElsewhere,
                     Ok(Outcome::Result(_)) => true,
                     Err(_) => false,
                 }),

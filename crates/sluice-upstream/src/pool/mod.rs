@@ -50,7 +50,7 @@ pub use adaptive::AdaptiveRate;
 pub use breaker::{Breaker, Circuit};
 pub use budget::{DailyQuota, MethodFilter, RateLimit};
 pub(crate) use classify::TOO_LARGE;
-pub use classify::{is_already_known, is_missing_block, is_rate_limited, judge_error, Verdict};
+pub use classify::{is_already_known, is_missing_block, is_rate_limited, judge_error, AfterAnswer};
 pub use config::{MemberConfig, PoolConfig, SharedBudget};
 pub use consensus::ConsensusRule;
 pub use health::Health;
