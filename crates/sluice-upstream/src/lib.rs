@@ -3,7 +3,7 @@
 //! * [`Call`] is a call with its context ([`CallCtx`]: network, tier, deadline, priority, the
 //!   block it needs), built once at the edge.
 //! * [`Upstreams`] is the seam the request path calls through: layers (mempool, logs, cache,
-//!   coalescing) wrap the [`pool::Pool`], which every call reaches, also with one member.
+//!   coalescing) wrap the [`pool::UpstreamPool`], which every call reaches, also with one member.
 //! * [`Node`] is one upstream as the pool sees it; [`HttpUpstream`] is one node reached over
 //!   HTTP/1.1 with keep-alive.
 //! * [`UpstreamSocket`] is one WebSocket connection to a node, used for `eth_subscribe`.

@@ -14,7 +14,7 @@ use sluice_mempool::{Mempool, MempoolConfig, MempoolLayer, PoolView};
 use sluice_multicall::AggregateLayer;
 use sluice_subscriptions::Hub;
 use sluice_upstream::logs::{LogsConfig, LogsLayer};
-use sluice_upstream::pool::{LivePool, MemberConfig, MethodFilter, Pool, PoolConfig};
+use sluice_upstream::pool::{LivePool, MemberConfig, MethodFilter, PoolConfig, UpstreamPool};
 use sluice_upstream::{
     spawn_shared_head_watcher, Answer, HeadConfig, HeadFeed, HttpUpstream, HttpUpstreamConfig, Node, SharedHeads,
     Upstreams,
@@ -45,7 +45,7 @@ pub struct Stack {
 /// one member: its budgets, method filters, timeouts and retries always apply.
 pub async fn build_pool(
     net: &NetworkConfig,
-) -> anyhow::Result<(Arc<Pool<HttpUpstream>>, Vec<crate::config::UpstreamConfig>)> {
+) -> anyhow::Result<(Arc<UpstreamPool<HttpUpstream>>, Vec<crate::config::UpstreamConfig>)> {
     let at = &net.prefix;
     let (clients, configs) = clients(net)?;
     let (clients, configs) = check_chain_ids(net, clients, configs).await?;
@@ -72,7 +72,7 @@ pub async fn build_pool(
             .map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         pool_config.shared_budget = Some(Arc::new(store));
     }
-    Ok((Pool::new(members, pool_config), configs))
+    Ok((UpstreamPool::new(members, pool_config), configs))
 }
 
 impl Stack {

@@ -9,7 +9,7 @@ use sluice_jsonrpc::Outcome;
 
 use super::classify::{is_missing_block, judge_error, AfterAnswer};
 use super::integrity::Suspect;
-use super::{Node, Order, Pool};
+use super::{Node, Order, UpstreamPool};
 use crate::{Answer, Call, UpstreamError};
 
 /// What one answer from a member means for the call.
@@ -171,7 +171,7 @@ impl Attempts {
     }
 }
 
-impl<N: Node> Pool<N> {
+impl<N: Node> UpstreamPool<N> {
     /// One call (not a transaction): ordered, hedged on its first attempt, failed over.
     pub(super) async fn call_one(&self, call: &Call) -> Result<Answer, UpstreamError> {
         let mut attempts = self.attempts_for(call).await;

@@ -9,7 +9,7 @@ use sluice_jsonrpc::{Outcome, RawValue, Request};
 
 use super::attempt::Attempts;
 use super::classify::is_already_known;
-use super::{Node, Pool};
+use super::{Node, UpstreamPool};
 use crate::{Answer, Call, Origin, UpstreamError, Upstreams};
 
 /// Groups of calls for member `i`, as (member, indices into the batch).
@@ -43,7 +43,7 @@ pub(super) fn chunks(len: usize, max: usize) -> Vec<std::ops::Range<usize>> {
     (0..len).step_by(max).map(|start| start..(start + max).min(len)).collect()
 }
 
-impl<N: Node> Pool<N> {
+impl<N: Node> UpstreamPool<N> {
     /// Several calls: transactions to every member, the rest grouped by member.
     pub(super) async fn call_many(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         let (sends, reads): (Vec<usize>, Vec<usize>) = (0..calls.len()).partition(|&i| calls[i].info.is_submission());

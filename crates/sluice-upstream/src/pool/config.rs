@@ -18,7 +18,7 @@ pub trait SharedBudget: Send + Sync + std::fmt::Debug + 'static {
     async fn take(&self, key: &str, rate: Option<f64>, daily: Option<u64>, n: usize) -> usize;
 }
 
-/// Pool-wide settings.
+/// Settings of the whole upstream pool.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Members tried for one call at most.

@@ -4,7 +4,7 @@
 //! majority stands behind). Members that dissent from a majority are counted; one that keeps
 //! dissenting is cordoned. Never for writes.
 //!
-//! [`tally`] is pure; [`Pool::call_consensus`] asks the members.
+//! [`tally`] is pure; [`UpstreamPool::call_consensus`] asks the members.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sluice_jsonrpc::Outcome;
 
 use super::attempt::{judge, Step};
-use super::{Node, Order, Pool};
+use super::{Node, Order, UpstreamPool};
 use crate::{Answer, Call, UpstreamError};
 
 /// One consensus rule (`[[pool.consensus]]`).
@@ -125,7 +125,7 @@ pub(super) fn tally(answers: &[(usize, String)], agree: usize) -> Tally {
     }
 }
 
-impl<N: Node> Pool<N> {
+impl<N: Node> UpstreamPool<N> {
     /// The consensus rule for `method`, if one applies.
     pub(super) fn consensus_rule(&self, method: &str) -> Option<&ConsensusRule> {
         self.config.consensus.iter().find(|r| r.applies(method))

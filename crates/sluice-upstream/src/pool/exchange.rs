@@ -8,10 +8,10 @@ use sluice_jsonrpc::{Outcome, Request};
 use tokio::sync::TryAcquireError;
 use tracing::Instrument;
 
-use super::{is_rate_limited, judge_error, AfterAnswer, InFlight, Pool};
+use super::{is_rate_limited, judge_error, AfterAnswer, InFlight, UpstreamPool};
 use crate::{Node, Origin, UpstreamError};
 
-impl<N: Node> Pool<N> {
+impl<N: Node> UpstreamPool<N> {
     /// One exchange with member `i`, within its concurrency limit and budgets, updating its
     /// health, latency window and circuit. Calls the budgets cannot cover come back
     /// [`UpstreamError::BudgetExhausted`] without being sent.

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use sluice_jsonrpc::{ErrorObject, Outcome, RawValue, Request};
 
-use super::{Node, Pool};
+use super::{Node, UpstreamPool};
 use crate::{Answer, Call, UpstreamError};
 
 /// geth's code for "filter not found".
@@ -52,7 +52,7 @@ fn for_member(req: &Request) -> Option<(usize, Request)> {
     Some((member, Request::new(req.id.clone(), req.method.clone(), Some(params))))
 }
 
-impl<N: Node> Pool<N> {
+impl<N: Node> UpstreamPool<N> {
     /// Makes a filter on the first member that answers (in the pool's order), and hands out
     /// an id naming that member.
     pub(super) async fn create_filter(&self, call: &Call) -> Result<Answer, UpstreamError> {

@@ -1,4 +1,4 @@
-//! A pool that can be replaced while it serves: a reload (SIGHUP) builds a new [`Pool`] from
+//! A pool that can be replaced while it serves: a reload (SIGHUP) builds a new [`UpstreamPool`] from
 //! the new upstream list and puts it in place. Calls already in flight finish on the pool they
 //! started with, which is dropped (its prober with it) once the last of them is done; every
 //! layer above (cache, coalescing, mempool relay, head watcher) keeps its place and its state.
@@ -8,22 +8,22 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 
-use super::{Node, Pool};
+use super::{Node, UpstreamPool};
 use crate::{Answer, Call, UpstreamError, Upstreams};
 
 /// The pool in force for one network, replaceable at once.
 pub struct LivePool<N: Node> {
-    current: ArcSwap<Pool<N>>,
+    current: ArcSwap<UpstreamPool<N>>,
 }
 
 impl<N: Node> LivePool<N> {
     /// Serves through `pool` until [`LivePool::replace`].
-    pub fn new(pool: Arc<Pool<N>>) -> Self {
+    pub fn new(pool: Arc<UpstreamPool<N>>) -> Self {
         Self { current: ArcSwap::new(pool) }
     }
 
     /// Puts `pool` in force for the calls that start from now on.
-    pub fn replace(&self, pool: Arc<Pool<N>>) {
+    pub fn replace(&self, pool: Arc<UpstreamPool<N>>) {
         // The chain's pace is the chain's, not the pool's: the new pool knows it at once.
         if let Some(interval) = self.current().block_interval() {
             pool.set_block_interval(interval);
@@ -32,7 +32,7 @@ impl<N: Node> LivePool<N> {
     }
 
     /// The pool in force.
-    pub fn current(&self) -> Arc<Pool<N>> {
+    pub fn current(&self) -> Arc<UpstreamPool<N>> {
         self.current.load_full()
     }
 }

@@ -102,7 +102,7 @@ impl<N> Member<N> {
 }
 
 /// The pool of members behind one [`Upstreams`].
-pub struct Pool<N: Node = HttpUpstream> {
+pub struct UpstreamPool<N: Node = HttpUpstream> {
     members: Vec<Member<N>>,
     config: PoolConfig,
     hedges: Mutex<HedgeBudget>,
@@ -116,7 +116,7 @@ pub struct Pool<N: Node = HttpUpstream> {
     pace_ms: AtomicU64,
 }
 
-impl<N: Node> Pool<N> {
+impl<N: Node> UpstreamPool<N> {
     /// Builds the pool and starts its prober.
     pub fn new(members: Vec<MemberConfig<N>>, config: PoolConfig) -> Arc<Self> {
         let pool = Arc::new(Self::without_prober(members, config));
@@ -146,7 +146,7 @@ impl<N: Node> Pool<N> {
         pool
     }
 
-    /// Builds the pool without its prober (heads then come from [`Pool::set_head`]): for tests.
+    /// Builds the pool without its prober (heads then come from [`UpstreamPool::set_head`]): for tests.
     pub fn without_prober(members: Vec<MemberConfig<N>>, config: PoolConfig) -> Self {
         let members = members
             .into_iter()
@@ -441,7 +441,7 @@ impl<N: Node> Pool<N> {
     }
 }
 
-impl<N: Node> Pool<N> {
+impl<N: Node> UpstreamPool<N> {
     /// [`Upstreams::call`] as an inherent method, for [`LivePool`] to await without a
     /// second boxed future.
     pub async fn answer(&self, call: &Call) -> Result<Answer, UpstreamError> {
@@ -466,7 +466,7 @@ impl<N: Node> Pool<N> {
         }
     }
 
-    /// [`Upstreams::call_batch`] as an inherent method (see [`Pool::answer`]).
+    /// [`Upstreams::call_batch`] as an inherent method (see [`UpstreamPool::answer`]).
     pub async fn answer_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
         match calls.len() {
             0 => Vec::new(),
@@ -480,7 +480,7 @@ impl<N: Node> Pool<N> {
 }
 
 #[async_trait]
-impl<N: Node> Upstreams for Pool<N> {
+impl<N: Node> Upstreams for UpstreamPool<N> {
     async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
         self.answer(call).await
     }
@@ -490,7 +490,7 @@ impl<N: Node> Upstreams for Pool<N> {
     }
 
     fn member_head(&self, member: &str, number: u64, hash: &str) {
-        Pool::member_head(self, member, number, hash);
+        UpstreamPool::member_head(self, member, number, hash);
     }
 
     fn block_interval(&self, interval: Duration) {
@@ -498,7 +498,7 @@ impl<N: Node> Upstreams for Pool<N> {
     }
 
     fn recently_alive(&self) -> bool {
-        Pool::recently_alive(self)
+        UpstreamPool::recently_alive(self)
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use sluice_chain::parse_quantity;
 use sluice_jsonrpc::{Id, Outcome, RawValue, Request};
 
-use super::{Circuit, Data, Node, Pool};
+use super::{Circuit, Data, Node, UpstreamPool};
 use crate::Origin;
 
 /// The head as a probe reads it.
@@ -25,7 +25,7 @@ struct Head {
     hash: String,
 }
 
-pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>, closed: Arc<tokio::sync::Notify>) {
+pub(super) async fn run<N: Node>(pool: Weak<UpstreamPool<N>>, closed: Arc<tokio::sync::Notify>) {
     let (interval, mut closes) = match pool.upgrade() {
         Some(p) => (p.config.probe_interval, p.members.iter().map(|m| m.node.closed_by_node()).collect::<Vec<_>>()),
         None => return,
@@ -118,7 +118,7 @@ pub(super) fn wants_probe(circuit: Circuit, heard: Option<Instant>, now: Instant
 
 /// Sets each member's gauges (what `/status` shows), once per probe round, so that a dashboard
 /// sees score, lag, circuit and budgets move without anyone polling `/status`.
-fn publish<N: Node>(pool: &Pool<N>) {
+fn publish<N: Node>(pool: &UpstreamPool<N>) {
     let now = Instant::now();
     let best = pool.best_head();
     for m in &pool.members {
@@ -165,7 +165,7 @@ fn publish<N: Node>(pool: &Pool<N>) {
 }
 
 /// Reads member `i`'s head (when its circuit and quota allow).
-pub(super) async fn probe_one<N: Node>(pool: &Pool<N>, i: usize) {
+pub(super) async fn probe_one<N: Node>(pool: &UpstreamPool<N>, i: usize) {
     let request = Request::new(
         Some(Id::number(1)),
         "eth_getBlockByNumber",

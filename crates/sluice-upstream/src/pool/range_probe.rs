@@ -10,11 +10,11 @@ use sluice_jsonrpc::{Id, Outcome, RawValue, Request};
 
 use super::classify::is_missing_block;
 use super::range::{Data, Search};
-use super::{Circuit, Node, Pool};
+use super::{Circuit, Node, UpstreamPool};
 use crate::Origin;
 
 /// Whether the member has block `n`'s `data`: `None` when it could not tell (node trouble).
-async fn has<N: Node>(pool: &Pool<N>, i: usize, data: Data, n: u64) -> Option<bool> {
+async fn has<N: Node>(pool: &UpstreamPool<N>, i: usize, data: Data, n: u64) -> Option<bool> {
     let params = match data {
         // The zero address: every node can read its balance at a block whose state it has.
         Data::State => format!(r#"["0x0000000000000000000000000000000000000000","{n:#x}"]"#),
@@ -33,7 +33,7 @@ async fn has<N: Node>(pool: &Pool<N>, i: usize, data: Data, n: u64) -> Option<bo
 }
 
 /// Searches member `i`'s lowest block of `data` below `head`; `None` when it stopped answering.
-async fn search<N: Node>(pool: &Pool<N>, i: usize, data: Data, head: u64) -> Option<u64> {
+async fn search<N: Node>(pool: &UpstreamPool<N>, i: usize, data: Data, head: u64) -> Option<u64> {
     let mut search = Search::new(head);
     while let Some(n) = search.next() {
         search.record(n, has(pool, i, data, n).await?);
@@ -42,7 +42,7 @@ async fn search<N: Node>(pool: &Pool<N>, i: usize, data: Data, head: u64) -> Opt
 }
 
 /// Searches member `i`, when it can be, and records what was found.
-async fn probe_member<N: Node>(pool: &Pool<N>, i: usize) -> bool {
+async fn probe_member<N: Node>(pool: &UpstreamPool<N>, i: usize) -> bool {
     let member = &pool.members[i];
     let head = {
         let state = member.state();
@@ -65,7 +65,7 @@ async fn probe_member<N: Node>(pool: &Pool<N>, i: usize) -> bool {
     true
 }
 
-pub(super) async fn run<N: Node>(pool: Weak<Pool<N>>) {
+pub(super) async fn run<N: Node>(pool: Weak<UpstreamPool<N>>) {
     let (tick_every, every) = match pool.upgrade() {
         Some(p) => (p.config.probe_interval, p.config.range_probe_interval),
         None => return,

@@ -2,10 +2,10 @@
 
 use std::time::{Instant, SystemTime};
 
-use super::{Data, Pool};
+use super::{Data, UpstreamPool};
 use crate::Node;
 
-impl<N: Node> Pool<N> {
+impl<N: Node> UpstreamPool<N> {
     /// A JSON snapshot for `/status`.
     pub fn status(&self) -> serde_json::Value {
         let now = Instant::now();

@@ -105,7 +105,7 @@ fn result_text(answer: &Result<crate::Answer, UpstreamError>) -> String {
 async fn one_member_keeps_its_rate() {
     let (mut member, counts) = node("a", |_, _| ok("\"0x1\""));
     member.rate = Some(5.0);
-    let pool = Pool::without_prober(vec![member], PoolConfig { budget_wait: Duration::ZERO, ..config() });
+    let pool = UpstreamPool::without_prober(vec![member], PoolConfig { budget_wait: Duration::ZERO, ..config() });
     let calls: Vec<Call> = (0..60).map(|i| balance_at(&format!("0x{i:x}"))).collect();
     let answers = futures_util::future::join_all(calls.iter().map(|c| pool.call(c))).await;
     let over = answers.iter().filter(|a| matches!(a, Err(UpstreamError::BudgetExhausted))).count();
@@ -118,7 +118,7 @@ async fn calls_over_the_rate_wait_their_turn_until_the_queue_is_full() {
     let (mut member, counts) = node("a", |_, _| ok("\"0x1\""));
     member.rate = Some(10.0);
     let wait = Duration::from_millis(500);
-    let pool = Pool::without_prober(vec![member], PoolConfig { budget_wait: wait, ..config() });
+    let pool = UpstreamPool::without_prober(vec![member], PoolConfig { budget_wait: wait, ..config() });
     let calls: Vec<Call> = (0..40).map(|i| balance_at(&format!("0x{i:x}"))).collect();
     let started = tokio::time::Instant::now();
     let answers = futures_util::future::join_all(calls.iter().map(|c| pool.call(c))).await;
@@ -147,8 +147,10 @@ async fn a_429_cuts_the_rate_and_calls_wait_instead_of_failing() {
             ok("\"0x1\"")
         }
     });
-    let pool =
-        Arc::new(Pool::without_prober(vec![member], PoolConfig { budget_wait: Duration::from_secs(2), ..config() }));
+    let pool = Arc::new(UpstreamPool::without_prober(
+        vec![member],
+        PoolConfig { budget_wait: Duration::from_secs(2), ..config() },
+    ));
     // 20 calls a second for 4 seconds, each its own task.
     let mut tasks = Vec::new();
     for i in 0..80u64 {
@@ -179,7 +181,7 @@ async fn a_429_cuts_the_rate_and_calls_wait_instead_of_failing() {
 #[tokio::test]
 async fn one_member_is_retried_after_node_trouble() {
     let (member, counts) = node("a", |_, n| if n < 2 { Err(UpstreamError::Unreachable) } else { ok("\"0x2\"") });
-    let pool = Pool::without_prober(vec![member], config());
+    let pool = UpstreamPool::without_prober(vec![member], config());
     let answer = pool.call(&balance_at("latest")).await;
     assert_eq!(result_text(&answer), "\"0x2\"");
     assert_eq!(counts.exchanges(), 3, "max_attempts = 3 on the only member");
@@ -189,7 +191,7 @@ async fn one_member_is_retried_after_node_trouble() {
 async fn the_requests_own_errors_are_not_retried() {
     let (member, counts) = node("a", |_, _| rpc_error(r#"{"code":3,"message":"execution reverted"}"#));
     let (other, other_counts) = node("b", |_, _| ok("\"0x0\""));
-    let pool = Pool::without_prober(vec![member, other], config());
+    let pool = UpstreamPool::without_prober(vec![member, other], config());
     pool.set_head(0, 10, None);
     pool.set_head(1, 10, None);
     let answer = pool.call(&Call::internal("eth_call", Some(r#"[{"to":"0x01"},"latest"]"#))).await;
@@ -201,7 +203,7 @@ async fn the_requests_own_errors_are_not_retried() {
 async fn a_batch_is_one_exchange_per_member_and_chunk() {
     let (a, a_counts) = node("a", |_, _| ok("\"0x1\""));
     let (b, b_counts) = node("b", |_, _| ok("\"0x1\""));
-    let pool = Pool::without_prober(vec![a, b], PoolConfig { max_batch: 100, ..config() });
+    let pool = UpstreamPool::without_prober(vec![a, b], PoolConfig { max_batch: 100, ..config() });
     let calls: Vec<Call> = (0..400).map(|i| balance_at(&format!("0x{i:x}"))).collect();
     let refs: Vec<&Call> = calls.iter().collect();
     let answers = pool.call_batch(&refs).await;
@@ -221,7 +223,7 @@ async fn a_refused_batch_size_is_halved_until_the_node_takes_it() {
         max_batch: 30,
         behaviour: Box::new(|_, _| ok("\"0x1\"")),
     };
-    let pool = Pool::without_prober(vec![MemberConfig::new(node)], PoolConfig { max_batch: 100, ..config() });
+    let pool = UpstreamPool::without_prober(vec![MemberConfig::new(node)], PoolConfig { max_batch: 100, ..config() });
     let batch: Vec<Call> = (0..100).map(|i| balance_at(&format!("0x{i:x}"))).collect();
     let refs: Vec<&Call> = batch.iter().collect();
     let answers = pool.call_batch(&refs).await;
@@ -240,7 +242,7 @@ async fn batch_elements_fail_over_one_by_one() {
         );
     let (mut b, _) = node("b", |_, _| ok("\"b\""));
     b.tier = 1;
-    let pool = Pool::without_prober(vec![a, b], config());
+    let pool = UpstreamPool::without_prober(vec![a, b], config());
     let calls = [balance_at("0x0"), balance_at("0x1"), balance_at("0x2")];
     let refs: Vec<&Call> = calls.iter().collect();
     let answers: Vec<String> = pool.call_batch(&refs).await.iter().map(result_text).collect();
@@ -252,7 +254,7 @@ async fn missing_block_is_answered_by_a_member_that_has_it() {
     let missing = r#"{"code":-32001,"message":"Resource not found"}"#;
     let (behind, behind_counts) = node("behind", move |_, _| rpc_error(missing));
     let (ahead, _) = node("ahead", |_, _| ok("\"0x5\""));
-    let pool = Pool::without_prober(vec![behind, ahead], config());
+    let pool = UpstreamPool::without_prober(vec![behind, ahead], config());
     // Neither is known to have the hash (the block was just mined): both may be asked.
     let hash = format!("0x{}", "cd".repeat(32));
     let call = Call::internal(
@@ -273,11 +275,11 @@ async fn missing_block_everywhere_is_the_answer_but_node_trouble_wins_over_it() 
     let missing = r#"{"code":-32000,"message":"header not found"}"#;
     let (a, _) = node("a", move |_, _| rpc_error(missing));
     let (b, _) = node("b", move |_, _| rpc_error(missing));
-    let pool = Pool::without_prober(vec![a, b], config());
+    let pool = UpstreamPool::without_prober(vec![a, b], config());
     assert!(result_text(&pool.call(&balance_at("0x99")).await).contains("header not found"));
     let (a, _) = node("a", move |_, _| rpc_error(missing));
     let (b, _) = node("b", |_, _| Err(UpstreamError::Unreachable));
-    let pool = Pool::without_prober(vec![a, b], config());
+    let pool = UpstreamPool::without_prober(vec![a, b], config());
     assert_eq!(result_text(&pool.call(&balance_at("0x99")).await), "err unreachable");
 }
 
@@ -285,7 +287,7 @@ async fn missing_block_everywhere_is_the_answer_but_node_trouble_wins_over_it() 
 async fn a_block_beyond_a_members_head_goes_elsewhere() {
     let (low, low_counts) = node("low", |_, _| ok("null"));
     let (high, _) = node("high", |_, _| ok("\"block\""));
-    let pool = Pool::without_prober(vec![low, high], config());
+    let pool = UpstreamPool::without_prober(vec![low, high], config());
     pool.set_head(0, 10, None);
     pool.set_head(1, 20, None);
     let call = Call::internal("eth_getBlockByNumber", Some(r#"["0xf",false]"#));
@@ -299,7 +301,7 @@ async fn a_block_beyond_a_members_head_goes_elsewhere() {
 async fn transactions_go_to_every_member_in_one_exchange_each() {
     let (a, a_counts) = node("a", |_, _| rpc_error(r#"{"code":-32000,"message":"already known"}"#));
     let (b, b_counts) = node("b", |_, _| rpc_error(r#"{"code":-32000,"message":"nonce too low"}"#));
-    let pool = Pool::without_prober(vec![a, b], config());
+    let pool = UpstreamPool::without_prober(vec![a, b], config());
     let calls: Vec<Call> = (0..20).map(|_| Call::internal("eth_sendRawTransaction", Some(r#"["0x"]"#))).collect();
     let refs: Vec<&Call> = calls.iter().collect();
     let answers = pool.call_batch(&refs).await;
@@ -341,7 +343,7 @@ impl Node for SlowNode {
 #[tokio::test]
 async fn the_deadline_ends_a_call_without_counting_against_the_node() {
     let deadline = Duration::from_millis(100);
-    let pool = Pool::without_prober(
+    let pool = UpstreamPool::without_prober(
         vec![MemberConfig::new(SlowNode { delay: Duration::from_secs(10) })],
         PoolConfig { deadline, ..config() },
     );
@@ -363,7 +365,8 @@ async fn the_deadline_ends_a_call_without_counting_against_the_node() {
 async fn a_callers_deadline_ends_a_wait_for_the_rate() {
     let (mut member, counts) = node("a", |_, _| ok("\"0x1\""));
     member.rate = Some(1.0);
-    let pool = Pool::without_prober(vec![member], PoolConfig { budget_wait: Duration::from_secs(10), ..config() });
+    let pool =
+        UpstreamPool::without_prober(vec![member], PoolConfig { budget_wait: Duration::from_secs(10), ..config() });
     assert!(pool.call(&balance_at("0x1")).await.is_ok(), "the first call is within the rate");
     let mut late = balance_at("0x2");
     late.ctx.deadline = Some(std::time::Instant::now() + Duration::from_millis(200));
