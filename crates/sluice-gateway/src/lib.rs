@@ -35,7 +35,9 @@ use std::time::Duration;
 use sluice_upstream::Upstreams;
 
 pub use network::Network;
-pub use pipeline::{admission_limit, Admitted, BodyKind, Edge, Pipeline, Refused, Reply, ServedBy, Shared};
+pub use pipeline::{
+    admission_limit, Admitted, BodyKind, Edge, Layer, Pipeline, Refused, Reply, ServedBy, Shared, Stacked, Steps,
+};
 pub use server::serve;
 
 /// Limits that keep memory and time bounded whatever clients send.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sluice_cache::{CacheLayer, CoalesceLayer, RedisConfig, RedisTier};
 use sluice_cluster::RedisHeads;
-use sluice_gateway::{FeedItem, FeedSet, FeedStream, LocalFeeds, NetworkSpec, SharedRelay, StatusBoard};
+use sluice_gateway::{FeedItem, FeedSet, FeedStream, Layer, LocalFeeds, NetworkSpec, SharedRelay, StatusBoard, Steps};
 use sluice_ingress::{Ingress, IngressConfig, KeyPair};
 use sluice_jsonrpc::{Id, Outcome, Request};
 use sluice_mempool::{Mempool, MempoolConfig, MempoolLayer, PoolView};
@@ -118,43 +118,35 @@ impl Stack {
         } else {
             (None, Some(start_feed))
         };
-        // The layers, bottom up: pool ← Multicall3 aggregation ← coalescing ← cache ←
-        // eth_getLogs splitting ← mempool.
-        let mut layers = upstream.clone();
+        // The steps this network was configured with; the gateway decides their order.
+        let mut steps = Steps::default();
         if net.aggregate.eth_call {
-            let aggregate = AggregateLayer::new(layers, net.aggregate.clone(), &net.id);
-            if let Some(feed) = &feed {
-                aggregate.watch_reorgs(feed.events.subscribe());
-            }
-            layers = Arc::new(aggregate);
+            let (config, id, reorgs) =
+                (net.aggregate.clone(), net.id.clone(), feed.as_ref().map(|f| f.events.subscribe()));
+            steps.aggregate = Some(Box::new(move |below| {
+                let aggregate = AggregateLayer::new(below, config, &id);
+                if let Some(reorgs) = reorgs {
+                    aggregate.watch_reorgs(reorgs);
+                }
+                Arc::new(aggregate)
+            }));
         }
         if net.cache.coalesce {
-            layers = Arc::new(CoalesceLayer::new(layers));
+            steps.coalesce = Some(Box::new(|below| Arc::new(CoalesceLayer::new(below))));
         }
         if let (true, Some(feed)) = (net.cache.enabled, &feed) {
-            layers = with_cache(net, layers, feed)?;
+            steps.cache = Some(cache_step(net, feed)?);
         }
         if let (true, Some(feed)) = (net.logs.enabled, &feed) {
-            // Above the cache, so that finalized chunks are cached one by one.
             let l = &net.logs;
             let settings =
                 LogsConfig { max_block_range: l.max_block_range, concurrency: l.concurrency, max_chunks: l.max_chunks };
-            layers = Arc::new(LogsLayer::new(layers, feed.view.clone(), settings));
-        }
-        // The hub fetches blocks and logs through the layers (cached, coalesced), not the mempool.
-        let mut feeds = FeedSet::default();
-        if net.subscriptions.local {
-            if let Some(feed) = &feed {
-                let view = feed.view.clone();
-                feeds.0.push(Hub::new(layers.clone(), move || view, &net.subscriptions, &net.id));
-            } else if let Some(start) = start_feed {
-                feeds.0.push(Hub::new(layers.clone(), move || start().view, &net.subscriptions, &net.id));
-            }
+            let view = feed.view.clone();
+            steps.logs = Some(Box::new(move |below| Arc::new(LogsLayer::new(below, view, settings))));
         }
         let mut mempool = None;
         if let (true, Some(feed)) = (net.mempool.enabled, &feed) {
-            let (layer, pool) = with_mempool(net, upstream.clone(), layers, feed).await?;
-            layers = layer;
+            let pool = start_mempool(net, upstream.clone(), feed).await?;
             let counts = pool.clone();
             status.add(
                 "mempool",
@@ -163,7 +155,21 @@ impl Stack {
                     serde_json::json!({ "pending": pending, "queued": queued })
                 }),
             );
+            let layer = pool.clone();
+            steps.mempool = Some(Box::new(move |below| Arc::new(MempoolLayer::new(below, layer))));
             mempool = Some(pool);
+        }
+        let stacked = steps.stack(upstream.clone());
+        let layers = stacked.calls;
+        // The hub fetches blocks and logs through the steps below the mempool (cached, coalesced).
+        let mut feeds = FeedSet::default();
+        if net.subscriptions.local {
+            if let Some(feed) = &feed {
+                let view = feed.view.clone();
+                feeds.0.push(Hub::new(stacked.reads, move || view, &net.subscriptions, &net.id));
+            } else if let Some(start) = start_feed {
+                feeds.0.push(Hub::new(stacked.reads, move || start().view, &net.subscriptions, &net.id));
+            }
         }
         let ingress = match (&net.ingress, &mempool) {
             (Some(settings), Some(pool)) => Some(start_ingress(net, settings, pool.clone())?),
@@ -300,21 +306,19 @@ async fn check_chain_ids(
     Ok((kept, kept_configs))
 }
 
-/// Starts the mempool (replaying its journal) and puts its methods in front of `inner`. The
-/// mempool itself reads state and relays through `upstream` directly, not through the cache.
-async fn with_mempool(
+/// Starts the mempool (replaying its journal); its methods become the pipeline's mempool step.
+/// The mempool itself reads state and relays through `upstream` directly, not through the cache.
+async fn start_mempool(
     net: &NetworkConfig,
     upstream: Arc<dyn Upstreams>,
-    inner: Arc<dyn Upstreams>,
     feed: &HeadFeed,
-) -> anyhow::Result<(Arc<dyn Upstreams>, Arc<Mempool>)> {
+) -> anyhow::Result<Arc<Mempool>> {
     let mut settings = MempoolConfig::try_from(&net.mempool).map_err(anyhow::Error::msg)?;
     settings.network = net.id.clone();
     if let Some(dir) = settings.journal.as_deref().and_then(|p| p.parent()).filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
     }
-    let mempool = Mempool::start(settings, upstream, feed).await.map_err(anyhow::Error::msg)?;
-    Ok((Arc::new(MempoolLayer::new(inner, mempool.clone())), mempool))
+    Mempool::start(settings, upstream, feed).await.map_err(anyhow::Error::msg)
 }
 
 /// Starts the QUIC ingress in front of the mempool, with its key (made on first start).
@@ -361,12 +365,8 @@ impl LocalFeeds for PendingTransactions {
     }
 }
 
-/// Wraps the upstream in the cache, fed by the head watcher.
-fn with_cache(
-    net: &NetworkConfig,
-    upstream: Arc<dyn Upstreams>,
-    feed: &HeadFeed,
-) -> anyhow::Result<Arc<dyn Upstreams>> {
+/// The cache step, fed by the head watcher (its Redis tier made now: a bad URL fails the start).
+fn cache_step(net: &NetworkConfig, feed: &HeadFeed) -> anyhow::Result<Layer> {
     let cache = &net.cache;
     let redis = match &cache.redis {
         Some(r) => Some(
@@ -380,5 +380,6 @@ fn with_cache(
         ),
         None => None,
     };
-    Ok(Arc::new(CacheLayer::new(&net.id, upstream, feed, cache.memory_bytes, redis, cache.coalesce)))
+    let (id, feed, memory_bytes, coalesce) = (net.id.clone(), feed.clone(), cache.memory_bytes, cache.coalesce);
+    Ok(Box::new(move |below| Arc::new(CacheLayer::new(&id, below, &feed, memory_bytes, redis, coalesce))))
 }

@@ -445,5 +445,7 @@ fn outcome_label(result: &Result<Answer, UpstreamError>) -> &'static str {
 }
 
 mod reply;
+mod steps;
+pub use steps::{Layer, Stacked, Steps};
 #[cfg(test)]
 mod tests;
