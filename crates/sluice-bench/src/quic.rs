@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use serde::Serialize;
+#[cfg(feature = "stand-ins")]
 use sluice_ingress::netem::{delayed_socket, Netem};
 #[cfg(feature = "stand-ins")]
 use sluice_ingress::null::CountingIntake;

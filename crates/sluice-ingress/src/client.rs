@@ -16,7 +16,8 @@ use crate::identity::{Identity, KeyPair};
 pub struct ClientOptions {
     /// Accept only the server with this identity (otherwise any server key is accepted).
     pub server_identity: Option<Identity>,
-    /// Send through this socket instead of a fresh one (e.g. [`crate::netem::delayed_socket`]).
+    /// Send through this socket instead of a fresh one (e.g. `netem::delayed_socket`, with the
+    /// `stand-ins` feature).
     pub socket: Option<Arc<dyn quinn::AsyncUdpSocket>>,
 }
 

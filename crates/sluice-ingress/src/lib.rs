@@ -8,12 +8,13 @@
 //! and inflating the RTT buys nothing.
 //!
 //! The decisions are pure ([`qos`], [`limits`]); [`server`] and [`client`] are the async shell on
-//! quinn; [`netem`] emulates RTT in user space for tests and benchmarks.
+//! quinn; `netem` (with the `stand-ins` feature) emulates RTT in user space for tests and benchmarks.
 
 pub mod client;
 pub mod config;
 pub mod identity;
 pub mod limits;
+#[cfg(feature = "stand-ins")]
 pub mod netem;
 #[cfg(feature = "stand-ins")]
 pub mod null;

@@ -128,8 +128,9 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// A single network's pipeline over `upstreams` (see [`Shared::new`] for the rest).
-    pub fn new(
+    /// A single network's pipeline over `upstreams` (see [`Shared::new`] for the rest): for tests.
+    #[cfg(test)]
+    pub(crate) fn new(
         upstreams: Arc<dyn Upstreams>,
         max_batch_len: usize,
         max_in_flight: usize,

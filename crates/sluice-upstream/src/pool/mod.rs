@@ -146,8 +146,9 @@ impl<N: Node> UpstreamPool<N> {
         pool
     }
 
-    /// Builds the pool without its prober (heads then come from [`UpstreamPool::set_head`]): for tests.
-    pub fn without_prober(members: Vec<MemberConfig<N>>, config: PoolConfig) -> Self {
+    /// Builds the pool without its prober (heads then come from [`UpstreamPool::set_head`]):
+    /// what [`UpstreamPool::new`] starts the prober on, and what the unit tests use.
+    fn without_prober(members: Vec<MemberConfig<N>>, config: PoolConfig) -> Self {
         let members = members
             .into_iter()
             .map(|m| Member {
