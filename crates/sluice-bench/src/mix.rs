@@ -6,6 +6,7 @@
 //! [vars]
 //! address = ["0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266", "0x70997970c51812dc3a010c7d01b50e0d17dc79c8"]
 //! block = { from = 0, to = 100 }        # a random height in the range, as a hex quantity
+//! anyone = { random = 20 }               # 20 random bytes, as 0x hex: an address never asked before
 //!
 //! [[call]]
 //! method = "eth_getBalance"
@@ -68,6 +69,12 @@ pub enum Var {
         /// Highest.
         to: u64,
     },
+    /// This many random bytes, as `0x` hex (20: an address; 32: a slot or a hash): calls that
+    /// are all distinct, as a soak of cache misses needs.
+    Random {
+        /// How many bytes.
+        random: usize,
+    },
 }
 
 impl Mix {
@@ -93,6 +100,9 @@ impl Mix {
             match var {
                 Var::List(items) if items.is_empty() => return Err(format!("method mix: vars.{name} is empty")),
                 Var::Range { from, to } if from > to => return Err(format!("method mix: vars.{name} has from > to")),
+                Var::Random { random } if !(1..=64).contains(random) => {
+                    return Err(format!("method mix: vars.{name}: random takes 1 to 64 bytes"))
+                }
                 _ => {}
             }
         }
@@ -136,6 +146,14 @@ impl Mix {
             return match var {
                 Var::List(items) => Value::String(items[rng.usize(0..items.len())].clone()),
                 Var::Range { from, to } => Value::String(format!("0x{:x}", rng.u64(*from..=*to))),
+                Var::Random { random } => {
+                    let mut hex = String::with_capacity(2 + 2 * random);
+                    hex.push_str("0x");
+                    for _ in 0..*random {
+                        hex.push_str(&format!("{:02x}", rng.u8(..)));
+                    }
+                    Value::String(hex)
+                }
             };
         }
         match param {
@@ -206,6 +224,19 @@ mod tests {
         assert_eq!(params, r#"[{"data":"0x1","to":"0xcc"},["0xcc"]]"#);
         let missing = Mix::parse("[[call]]\nmethod = \"m\"\nparams = [{ to = \"{nobody}\" }]").unwrap_err();
         assert!(missing.contains("{nobody}"), "{missing}");
+    }
+
+    #[test]
+    fn random_bytes_make_every_call_distinct() {
+        let mix = Mix::parse(
+            "[vars]\nwho = { random = 20 }\n[[call]]\nmethod = \"eth_getBalance\"\nparams = [\"{who}\", \"latest\"]",
+        )
+        .unwrap();
+        let mut rng = fastrand::Rng::with_seed(3);
+        let drawn: std::collections::HashSet<String> = (0..1000).map(|_| mix.draw(&mut rng).1).collect();
+        assert_eq!(drawn.len(), 1000);
+        assert!(drawn.iter().all(|p| p.len() == r#"["0x","latest"]"#.len() + 40), "{:?}", drawn.iter().next());
+        assert!(Mix::parse("[vars]\nwho = { random = 0 }\n[[call]]\nmethod = \"m\"").is_err());
     }
 
     #[test]
