@@ -10,8 +10,9 @@
 //! `txpool_…`, node administration namespaces); anything else gets [`UNKNOWN`]: forwarded to
 //! one member as it is, not cached, not joined, not put to a vote, counted as `other`.
 
-use std::collections::HashMap;
 use std::sync::LazyLock;
+
+use rustc_hash::FxHashMap;
 
 /// What kind of work a method is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -376,8 +377,9 @@ static PREFIXES: &[MethodInfo] = &[
 /// The row of every name the table does not know: forwarded as it is, nothing else.
 pub static UNKNOWN: MethodInfo = MethodInfo { exact: false, ..row("", Unknown) };
 
-/// The exact rows by name, built once: one hash per look-up.
-static BY_NAME: LazyLock<HashMap<&'static str, &'static MethodInfo>> =
+/// The exact rows by name, built once: one hash per look-up (a fast hash: the keys are the
+/// table's own names, and a caller's method name only ever looks one up).
+static BY_NAME: LazyLock<FxHashMap<&'static str, &'static MethodInfo>> =
     LazyLock::new(|| TABLE.iter().map(|m| (m.name, m)).collect());
 
 /// What sluice knows about `method`.
