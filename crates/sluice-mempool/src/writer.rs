@@ -185,6 +185,7 @@ impl Writer {
                     block_replies.push((reply, mined));
                 }
                 Command::Resync(nonces) => {
+                    self.pool.forget_departed();
                     for (sender, nonce) in nonces {
                         let gone = self.pool.reset_nonce(&sender, nonce);
                         self.forget(&gone, TxStatus::Mined { block: None });

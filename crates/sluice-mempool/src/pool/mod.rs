@@ -18,7 +18,9 @@ use std::time::Instant;
 use alloy_primitives::map::{AddressMap, B256Map};
 use alloy_primitives::{Address, B256, U256};
 
+mod departed;
 mod types;
+use departed::Departed;
 pub use types::{AsPoolTx, Config, InsertError, Inserted, PoolTx, Status};
 
 #[derive(Debug)]
@@ -61,6 +63,9 @@ pub struct Pool<T = PoolTx> {
     /// What [`Pool::rollback`] puts back, while a checkpoint is open. Kept between batches,
     /// so that its lists are not grown again for every batch.
     undo: Undo<T>,
+    /// Nonces of senders that left with their last transaction: a state read before they
+    /// left does not take them back below it.
+    departed: Departed,
 }
 
 /// What changed since a checkpoint, to undo. Each change is logged as what it overwrote, so that
@@ -111,6 +116,7 @@ impl<T: AsPoolTx> Pool<T> {
             base_fee: 0,
             pending_total: 0,
             undo: Undo::new(),
+            departed: Departed::default(),
         }
     }
 
@@ -160,6 +166,7 @@ impl<T: AsPoolTx> Pool<T> {
         self.pending_total = self.pending_total - s.pending + now;
         s.pending = now;
         if s.txs.is_empty() {
+            self.departed.record(*sender, s.nonce);
             self.senders.remove(sender);
         }
     }
@@ -262,8 +269,10 @@ impl<T: AsPoolTx> Pool<T> {
 
     fn try_insert(&mut self, entry: Arc<T>, nonce: u64, balance: U256) -> Result<Inserted, InsertError> {
         let tx = entry.pool_tx();
-        // State read at an older head may be behind what the pool has seen since.
-        let nonce = nonce.max(self.senders.get(&tx.sender).map_or(0, |s| s.nonce));
+        // State read at an older head may be behind what the pool has seen since, also of a
+        // sender whose last transaction a block mined meanwhile.
+        let known = self.senders.get(&tx.sender).map(|s| s.nonce).or_else(|| self.departed.get(&tx.sender));
+        let nonce = nonce.max(known.unwrap_or(0));
         if self.by_hash.contains_key(&tx.hash) {
             return Err(InsertError::AlreadyKnown);
         }
@@ -446,6 +455,12 @@ impl<T: AsPoolTx> Pool<T> {
         }
         self.touch(sender);
         gone
+    }
+
+    /// Forgets the nonces of departed senders: after a reorg the chain may have forgotten
+    /// nonces it had used, and the next state read is the truth again.
+    pub fn forget_departed(&mut self) {
+        self.departed.clear();
     }
 
     /// Sets a sender's account nonce as the head now says, lower or higher (after a reorg the

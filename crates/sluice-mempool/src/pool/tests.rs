@@ -90,6 +90,25 @@ fn a_gap_fill_promotes_the_queued_nonces() {
     assert_eq!(p.pending_nonce(&addr(1)), Some(2));
 }
 
+/// The race of `consistency.rs`'s pending-nonce test: a transaction's state is read, a block
+/// mines the sender's last pooled one before the writer inserts it.
+#[test]
+fn a_state_read_before_a_block_mined_the_senders_last_transaction_does_not_open_a_gap() {
+    let mut p = pool();
+    p.insert(tx(1, 5, 10), 5, rich()).unwrap();
+    assert_eq!(p.advance(&addr(1), 6), [tx(1, 5, 10).hash]);
+    assert_eq!(p.pending_nonce(&addr(1)), None, "the sender left with its last transaction");
+    // Read at the head before that block: nonce 5.
+    assert!(p.insert(tx(1, 6, 10), 5, rich()).unwrap().pending, "nonce 6 follows the mined 5");
+    assert_eq!(p.pending_nonce(&addr(1)), Some(7));
+    // After a reorg the chain's word is the truth again, lower or not.
+    p.advance(&addr(2), 0);
+    p.insert(tx(2, 3, 10), 3, rich()).unwrap();
+    p.advance(&addr(2), 4);
+    p.forget_departed();
+    assert!(!p.insert(tx(2, 4, 10), 2, rich()).unwrap().pending, "a gap at 2 and 3 again");
+}
+
 #[test]
 fn reverse_order_fill_ends_all_pending() {
     let mut p = pool();
