@@ -5,8 +5,6 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::OnceCell;
-
 use crate::{gcra, Refusal};
 
 /// Deadline for one quota check.
@@ -45,8 +43,7 @@ return {1, 0, 0}
 
 /// Quota state in Redis.
 pub struct RedisLimiter {
-    client: redis::Client,
-    connection: OnceCell<redis::aio::ConnectionManager>,
+    redis: sluice_redis::Redis,
     script: redis::Script,
     fail_open: bool,
     warned: AtomicBool,
@@ -59,10 +56,9 @@ pub struct RedisLimiter {
 impl RedisLimiter {
     /// A limiter on `url`; connects on first use.
     pub fn new(url: &str, fail_open: bool) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("access.redis_url: {e}"))?;
+        let redis = sluice_redis::Redis::open(url).map_err(|e| format!("access.redis_url: {e}"))?;
         Ok(Self {
-            client,
-            connection: OnceCell::new(),
+            redis,
             script: redis::Script::new(SCRIPT),
             fail_open,
             warned: AtomicBool::new(false),
@@ -119,12 +115,16 @@ impl RedisLimiter {
         per_day: Option<u64>,
         cost: u32,
     ) -> redis::RedisResult<Vec<i64>> {
-        let connection = self.connection.get_or_try_init(|| self.client.get_connection_manager()).await?;
-        let mut connection = connection.clone();
+        let mut connection = self.redis.connection().await?;
         // The key itself never goes to Redis, only a hash of it.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         id.hash(&mut hasher);
-        let bucket = format!("{}:{:016x}", self.prefix, hasher.finish());
+        // In a Redis Cluster the script's two keys must share a slot: the hash is their tag.
+        let bucket = if self.redis.is_cluster() {
+            format!("{}:{{{:016x}}}", self.prefix, hasher.finish())
+        } else {
+            format!("{}:{:016x}", self.prefix, hasher.finish())
+        };
         let (interval, burst) = rate.map_or((-1.0, 0), |r| (r.interval_ms(), r.burst));
         self.script
             .key(format!("{bucket}:rate"))

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OnceCell;
-
 use crate::keys::{KeyBook, KeyRecord};
 
 const KEYS: &str = "sluice:keys";
 const VERSION: &str = "sluice:keys:version";
+/// [`KEYS`] and [`VERSION`] in a Redis Cluster.
+const CLUSTER_KEYS: (&str, &str) = ("sluice:{keys}", "sluice:{keys}:version");
 /// How often replicas look for changes made through another replica.
 pub const SYNC_EVERY: Duration = Duration::from_millis(200);
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -31,25 +31,27 @@ pub enum KeyStore {
 
 /// Managed keys in Redis.
 pub struct RedisKeys {
-    client: redis::Client,
-    connection: OnceCell<redis::aio::ConnectionManager>,
+    redis: sluice_redis::Redis,
+    /// The hash of records and its version counter, changed together.
+    keys: &'static str,
+    version: &'static str,
 }
 
 impl RedisKeys {
     /// Keys at `url`; connects on first use.
     pub fn new(url: &str) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("access.redis_url: {e}"))?;
-        Ok(Self { client, connection: OnceCell::new() })
+        let redis = sluice_redis::Redis::open(url).map_err(|e| format!("access.redis_url: {e}"))?;
+        // A Redis Cluster takes the two in one transaction only when they share a slot (a
+        // hash tag); a single server or Sentinel keeps the names earlier versions wrote.
+        let (keys, version) = if redis.is_cluster() { CLUSTER_KEYS } else { (KEYS, VERSION) };
+        Ok(Self { redis, keys, version })
     }
 
-    async fn connection(&self) -> Result<redis::aio::ConnectionManager, String> {
-        let init = || async {
-            tokio::time::timeout(TIMEOUT, self.client.get_connection_manager())
-                .await
-                .map_err(|_| "redis: connection timed out".to_owned())?
-                .map_err(|e| format!("redis: {e}"))
-        };
-        self.connection.get_or_try_init(init).await.cloned()
+    async fn connection(&self) -> Result<sluice_redis::Connection, String> {
+        tokio::time::timeout(TIMEOUT, self.redis.connection())
+            .await
+            .map_err(|_| "redis: connection timed out".to_owned())?
+            .map_err(|e| format!("redis: {e}"))
     }
 
     async fn run<T: redis::FromRedisValue>(&self, cmd: &redis::Pipeline) -> Result<T, String> {
@@ -61,12 +63,12 @@ impl RedisKeys {
     }
 
     async fn version(&self) -> Result<u64, String> {
-        let (v,): (Option<u64>,) = self.run(redis::pipe().get(VERSION)).await?;
+        let (v,): (Option<u64>,) = self.run(redis::pipe().get(self.version)).await?;
         Ok(v.unwrap_or(0))
     }
 
     async fn load(&self) -> Result<Vec<KeyRecord>, String> {
-        let (all,): (std::collections::HashMap<String, String>,) = self.run(redis::pipe().hgetall(KEYS)).await?;
+        let (all,): (std::collections::HashMap<String, String>,) = self.run(redis::pipe().hgetall(self.keys)).await?;
         Ok(all
             .into_iter()
             .filter_map(|(id, json)| match serde_json::from_str(&json) {
@@ -103,7 +105,7 @@ impl KeyStore {
             KeyStore::Redis(redis) => {
                 let json = serde_json::to_string(record).map_err(|e| e.to_string())?;
                 let mut pipe = redis::pipe();
-                pipe.atomic().hset(KEYS, &record.id, json).ignore().incr(VERSION, 1).ignore();
+                pipe.atomic().hset(redis.keys, &record.id, json).ignore().incr(redis.version, 1).ignore();
                 redis.run::<()>(&pipe).await
             }
         }
@@ -116,7 +118,7 @@ impl KeyStore {
             KeyStore::File(path) => write_file(path, all).await,
             KeyStore::Redis(redis) => {
                 let mut pipe = redis::pipe();
-                pipe.atomic().hdel(KEYS, id).ignore().incr(VERSION, 1).ignore();
+                pipe.atomic().hdel(redis.keys, id).ignore().incr(redis.version, 1).ignore();
                 redis.run::<()>(&pipe).await
             }
         }

@@ -14,7 +14,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::OnceCell;
 
 /// Method names kept apart per caller and day.
 pub const MAX_METHODS: usize = 64;
@@ -58,7 +57,7 @@ pub struct Usage {
     days: Mutex<Days>,
     /// Counted since the last flush to Redis.
     pending: Mutex<Days>,
-    redis: Option<(redis::Client, OnceCell<redis::aio::ConnectionManager>)>,
+    redis: Option<sluice_redis::Redis>,
     /// Each tier's Prometheus counters (calls, units), registered once.
     counters: HashMap<String, (metrics::Counter, metrics::Counter)>,
 }
@@ -81,9 +80,7 @@ impl Usage {
     /// Tallies in memory, and in Redis at `redis_url` when given, for callers of `tiers`.
     pub fn new<'a>(redis_url: Option<&str>, tiers: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
         let redis = match redis_url {
-            Some(url) => {
-                Some((redis::Client::open(url).map_err(|e| format!("access.redis_url: {e}"))?, OnceCell::new()))
-            }
+            Some(url) => Some(sluice_redis::Redis::open(url).map_err(|e| format!("access.redis_url: {e}"))?),
             None => None,
         };
         let counters = tiers
@@ -157,15 +154,12 @@ impl Usage {
         Ok(out)
     }
 
-    async fn connection(&self) -> Result<redis::aio::ConnectionManager, String> {
-        let Some((client, cell)) = &self.redis else { return Err("no Redis".into()) };
-        let init = || async {
-            tokio::time::timeout(Duration::from_secs(2), client.get_connection_manager())
-                .await
-                .map_err(|_| "redis: connection timed out".to_owned())?
-                .map_err(|e| format!("redis: {e}"))
-        };
-        cell.get_or_try_init(init).await.cloned()
+    async fn connection(&self) -> Result<sluice_redis::Connection, String> {
+        let Some(redis) = &self.redis else { return Err("no Redis".into()) };
+        tokio::time::timeout(Duration::from_secs(2), redis.connection())
+            .await
+            .map_err(|_| "redis: connection timed out".to_owned())?
+            .map_err(|e| format!("redis: {e}"))
     }
 
     async fn read_redis(&self, caller: &str, day: u64) -> Result<HashMap<String, Tally>, String> {
@@ -198,34 +192,40 @@ impl Usage {
         if pending.is_empty() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
-        for (caller, by_day) in &pending {
-            for (day, methods) in by_day {
-                let key = redis_key(caller, *day);
-                for (method, tally) in methods {
-                    pipe.hincr(&key, format!("{method}|calls"), tally.calls).ignore();
-                    pipe.hincr(&key, format!("{method}|units"), tally.units).ignore();
-                }
-                pipe.expire(&key, REDIS_TTL_SECS).ignore();
+        // One pipeline; in a Redis Cluster one per caller and day (a pipeline there stays in
+        // one slot), sent together. Counts of a pipeline that failed go back for the next flush.
+        let per_key = self.redis.as_ref().is_some_and(sluice_redis::Redis::is_cluster);
+        let groups: Vec<Group<'_>> = pending
+            .iter()
+            .flat_map(|(caller, by_day)| by_day.iter().map(move |(day, methods)| (caller.as_str(), *day, methods)))
+            .collect();
+        let chunks: Vec<&[Group<'_>]> = if per_key { groups.chunks(1).collect() } else { vec![&groups[..]] };
+        let pipes: Vec<redis::Pipeline> = chunks.iter().map(|chunk| tally_pipe(chunk)).collect();
+        let outcomes: Vec<Result<(), String>> = match self.connection().await {
+            Ok(c) => {
+                let sent = pipes.iter().map(|pipe| {
+                    let mut c = c.clone();
+                    async move {
+                        match tokio::time::timeout(Duration::from_secs(2), pipe.query_async::<()>(&mut c)).await {
+                            Ok(done) => done.map_err(|e| format!("redis: {e}")),
+                            Err(_) => Err("redis: timed out".to_owned()),
+                        }
+                    }
+                });
+                futures_util::future::join_all(sent).await
             }
-        }
-        let result = async {
-            let mut c = self.connection().await?;
-            tokio::time::timeout(Duration::from_secs(2), pipe.query_async::<()>(&mut c))
-                .await
-                .map_err(|_| "redis: timed out".to_owned())?
-                .map_err(|e| format!("redis: {e}"))
-        }
-        .await;
-        if result.is_err() {
-            // Put the counts back; they go out with the next flush.
-            let mut back = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            for (caller, by_day) in pending {
-                for (day, methods) in by_day {
-                    for (method, tally) in methods {
-                        add(&mut back, &caller, day, &method, tally);
+            Err(e) => vec![Err(e); chunks.len()],
+        };
+        let mut result = Ok(());
+        let mut back = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for (chunk, outcome) in chunks.iter().zip(outcomes) {
+            if let Err(e) = outcome {
+                for (caller, day, methods) in chunk.iter() {
+                    for (method, tally) in methods.iter() {
+                        add(&mut back, caller, *day, method, *tally);
                     }
                 }
+                result = Err(e);
             }
         }
         result
@@ -248,6 +248,23 @@ impl Usage {
             }
         });
     }
+}
+
+/// One caller's tallies of one day: caller, day, per method.
+type Group<'a> = (&'a str, u64, &'a HashMap<String, Tally>);
+
+/// The writes of some callers' days, as one pipeline.
+fn tally_pipe(groups: &[Group<'_>]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for (caller, day, methods) in groups {
+        let key = redis_key(caller, *day);
+        for (method, tally) in methods.iter() {
+            pipe.hincr(&key, format!("{method}|calls"), tally.calls).ignore();
+            pipe.hincr(&key, format!("{method}|units"), tally.units).ignore();
+        }
+        pipe.expire(&key, REDIS_TTL_SECS).ignore();
+    }
+    pipe
 }
 
 fn redis_key(caller: &str, day: u64) -> String {

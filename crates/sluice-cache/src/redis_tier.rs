@@ -7,10 +7,9 @@
 //! over 1 KiB and compression pays.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use sha2::{Digest, Sha256};
 use sluice_jsonrpc::RawValue;
 use tokio::sync::Semaphore;
@@ -18,7 +17,7 @@ use tokio::sync::Semaphore;
 /// Settings for the Redis tier.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    /// `redis://host:port/db`.
+    /// `redis://host:port/db`, `redis+sentinel://…` or `redis+cluster://…` (`sluice_redis::url`).
     pub url: String,
     /// Deadline for one Redis operation; slower counts as a failure.
     pub timeout: Duration,
@@ -36,7 +35,9 @@ const MAX_PENDING_WRITES: usize = 256;
 
 /// The Redis tier.
 pub struct RedisTier {
-    connection: Arc<OnceLock<ConnectionManager>>,
+    redis: sluice_redis::Redis,
+    /// Connected once: until then the tier is off, not waited for.
+    ready: Arc<AtomicBool>,
     config: RedisConfig,
     healthy: Arc<AtomicBool>,
     writes: Arc<Semaphore>,
@@ -46,20 +47,15 @@ impl RedisTier {
     /// Validates the URL and starts connecting in the background (a Redis that is down at start
     /// is not an error: the tier stays off until it answers).
     pub fn new(config: RedisConfig) -> Result<Self, String> {
-        let client =
-            redis::Client::open(config.url.as_str()).map_err(|e| format!("redis url {:?}: {e}", config.url))?;
-        let connection = Arc::new(OnceLock::new());
-        let slot = connection.clone();
-        let timeout = config.timeout;
+        let redis = sluice_redis::Redis::open(&config.url).map_err(|e| format!("redis url: {e}"))?;
+        let ready = Arc::new(AtomicBool::new(false));
+        let (first, flag) = (redis.clone(), ready.clone());
         tokio::spawn(async move {
-            let manager_config = redis::aio::ConnectionManagerConfig::new()
-                .set_connection_timeout(timeout.max(Duration::from_millis(200)))
-                .set_response_timeout(timeout);
             loop {
-                match ConnectionManager::new_with_config(client.clone(), manager_config.clone()).await {
-                    Ok(manager) => {
+                match first.connection().await {
+                    Ok(_) => {
                         tracing::info!("redis tier connected");
-                        let _ = slot.set(manager);
+                        flag.store(true, Ordering::Relaxed);
                         return;
                     }
                     Err(e) => {
@@ -70,7 +66,8 @@ impl RedisTier {
             }
         });
         Ok(Self {
-            connection,
+            redis,
+            ready,
             config,
             healthy: Arc::new(AtomicBool::new(true)),
             writes: Arc::new(Semaphore::new(MAX_PENDING_WRITES)),
@@ -88,9 +85,12 @@ impl RedisTier {
 
     /// Looks a key up; `None` on a miss or any failure.
     pub async fn get(&self, chain_id: u64, key: &str) -> Option<(Box<RawValue>, Option<u64>)> {
-        let mut connection = self.connection.get()?.clone();
+        if !self.ready.load(Ordering::Relaxed) {
+            return None;
+        }
         let redis_key = Self::redis_key(chain_id, key);
         let fetched = tokio::time::timeout(self.config.timeout, async {
+            let mut connection = self.redis.connection().await?;
             redis::cmd("GET").arg(&redis_key).query_async::<Option<Vec<u8>>>(&mut connection).await
         })
         .await;
@@ -107,18 +107,21 @@ impl RedisTier {
 
     /// Stores an entry in the background; never waits, never fails the caller.
     pub fn put(&self, chain_id: u64, key: &str, result: &RawValue, max_block: Option<u64>) {
-        let Some(connection) = self.connection.get() else { return };
+        if !self.ready.load(Ordering::Relaxed) {
+            return;
+        }
         let Ok(permit) = self.writes.clone().try_acquire_owned() else {
             metrics::counter!("sluice_cache_redis_skipped_writes_total").increment(1);
             return;
         };
-        let mut connection = connection.clone();
+        let redis = self.redis.clone();
         let redis_key = Self::redis_key(chain_id, key);
         let value = encode(result.get().as_bytes(), max_block);
         let ttl = if max_block.is_some() { self.config.ttl_head } else { self.config.ttl_immutable };
         let (timeout, healthy) = (self.config.timeout, self.healthy.clone());
         tokio::spawn(async move {
             let stored = tokio::time::timeout(timeout, async {
+                let mut connection = redis.connection().await?;
                 redis::cmd("SET")
                     .arg(&redis_key)
                     .arg(value)

@@ -1,7 +1,8 @@
 //! What sluice replicas share through Redis besides the cache tier and the quotas: one head
 //! follower per deployment ([`RedisHeads`], the Redis side of [`sluice_upstream::SharedHeads`]).
 //!
-//! Per network, three keys under `sluice:heads:{network}`:
+//! Per network, three keys under `sluice:heads:{network}` (the braces are a hash tag: in a
+//! Redis Cluster they share a slot, so one pipeline or script can touch them together):
 //! * `…:lease`: the follower's lease, `SET NX PX` by whoever takes it, renewed by its holder
 //!   only (a script compares the holder before extending), deleted by its holder on shutdown;
 //! * `…:window`: the newest headers, a sorted set by height, in the node's JSON form;
@@ -15,17 +16,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use sluice_chain::Header;
+use sluice_redis::{Connection, Redis};
 use sluice_upstream::{HeadNews, SharedHeads, StoreError};
-use tokio::sync::{mpsc, OnceCell};
+use tokio::sync::mpsc;
 
 /// The `[cluster]` section: what replicas share beyond the cache and the quotas.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
-    /// The Redis replicas share (`redis://host:port/db`); absent: `[cache.redis] url`, when set.
+    /// The Redis replicas share (`redis://host:port/db`, `redis+sentinel://…`,
+    /// `redis+cluster://…`); absent: `[cache.redis] url`, when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_url: Option<String>,
     /// One head follower per network for the replicas sharing that Redis (default on).
@@ -68,8 +70,7 @@ return 0
 
 /// One network's shared head following in Redis.
 pub struct RedisHeads {
-    client: redis::Client,
-    connection: OnceCell<ConnectionManager>,
+    redis: Redis,
     /// This replica, as the lease names it.
     id: String,
     lease: String,
@@ -84,12 +85,11 @@ impl RedisHeads {
     /// The shared following of network `network` in the Redis at `url`. Connects on first use
     /// (a Redis down at start is a store down: this replica follows by itself meanwhile).
     pub fn new(url: &str, network: &str) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("cluster.redis_url: {e}"))?;
-        let prefix = format!("sluice:heads:{network}");
+        let redis = Redis::open(url).map_err(|e| format!("cluster.redis_url: {e}"))?;
+        let prefix = format!("sluice:heads:{{{network}}}");
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
         Ok(Self {
-            client,
-            connection: OnceCell::new(),
+            redis,
             id: format!("{}-{nanos:x}", std::process::id()),
             lease: format!("{prefix}:lease"),
             window: format!("{prefix}:window"),
@@ -100,18 +100,15 @@ impl RedisHeads {
         })
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
-        let connect = || async {
-            let made = tokio::time::timeout(DEADLINE, ConnectionManager::new(self.client.clone())).await;
-            made.map_err(|_| StoreError("connect: timed out".into()))?.map_err(fail)
-        };
-        self.connection.get_or_try_init(connect).await.cloned()
+    async fn connection(&self) -> Result<Connection, StoreError> {
+        let made = tokio::time::timeout(DEADLINE, self.redis.connection()).await;
+        made.map_err(|_| StoreError("connect: timed out".into()))?.map_err(fail)
     }
 
     /// Runs `work` on a connection within the deadline.
     async fn with<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Connection) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         let connection = self.connection().await?;
@@ -180,7 +177,7 @@ impl SharedHeads for RedisHeads {
 
     async fn subscribe(&self) -> Result<mpsc::Receiver<HeadNews>, StoreError> {
         let subscribe = async {
-            let mut pubsub = self.client.get_async_pubsub().await?;
+            let mut pubsub = self.redis.pubsub().await?;
             pubsub.subscribe(&self.news).await?;
             Ok::<_, redis::RedisError>(pubsub)
         };

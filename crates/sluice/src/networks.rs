@@ -233,8 +233,7 @@ impl NetworkConfig {
         anyhow::ensure!(c.window >= 2, "{at}cache.window: must be at least 2");
         anyhow::ensure!(!c.poll_interval.is_zero(), "{at}cache.poll_interval: must be more than zero");
         if let Some(redis) = &c.redis {
-            let url = url::Url::parse(&redis.url).map_err(|e| anyhow::anyhow!("{at}cache.redis.url: {e}"))?;
-            anyhow::ensure!(url.scheme() == "redis", "{at}cache.redis.url: must be a redis:// URL");
+            sluice_redis::Redis::open(&redis.url).map_err(|e| anyhow::anyhow!("{at}cache.redis.url: {e}"))?;
             anyhow::ensure!(!redis.timeout.is_zero(), "{at}cache.redis.timeout: must be more than zero");
         }
         Ok(())

@@ -184,7 +184,7 @@ async fn with_redis_gone_every_replica_follows_by_itself() {
 /// The lease in Redis, as `redis-cli` reads it (`None`: nobody holds it).
 fn lease(redis: &RedisServer) -> Option<String> {
     let out = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port.to_string(), "--raw", "GET", "sluice:heads:default:lease"])
+        .args(["-p", &redis.port.to_string(), "--raw", "GET", "sluice:heads:{default}:lease"])
         .output()
         .expect("redis-cli runs");
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
