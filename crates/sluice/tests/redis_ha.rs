@@ -197,6 +197,21 @@ async fn three_replicas_on_a_sentinel_managed_redis_ride_through_a_failover() {
     assert_eq!(provider, ok, "every call answered ok reached the provider once, no other did");
     assert!(ok <= PER_DAY as usize + 10, "{ok} calls allowed of a quota of {PER_DAY}");
     assert!(ok >= PER_DAY as usize - 10, "{ok} calls allowed of a quota of {PER_DAY}");
+    // The member's shared budget counted each call once, across the failover: what the
+    // promoted replica holds is no more than the provider saw, and short of it only by the
+    // charges fail-open let through uncounted while no master answered (each one counted
+    // as a store error).
+    let keys = replica.cli(&["--scan", "--pattern", "sluice:upstream-budget:*:day:*"]);
+    let counted: u64 = keys.lines().map(|key| replica.cli(&["GET", key]).parse::<u64>().unwrap_or(0)).sum();
+    let seen = relay.methods().len() as u64;
+    let mut uncounted = 0;
+    for url in &urls {
+        let errors = sluice_testkit::metric(&client, url, "sluice_upstream_budget_store_errors_total").await;
+        uncounted += errors.unwrap_or(0.0) as u64;
+    }
+    eprintln!("the shared budget counted {counted} calls, {uncounted} let through uncounted; the provider saw {seen}");
+    assert!(counted <= seen, "budget counted {counted} of {seen} calls seen");
+    assert!(counted + uncounted >= seen, "budget counted {counted} + {uncounted} uncounted of {seen} seen");
 }
 
 /// A three-node Redis Cluster behind two replicas: the key's daily quota holds across both,
