@@ -151,8 +151,26 @@ pub struct MethodInfo {
     pub submit: Option<Submit>,
     /// Its part in a node-side filter, for [`Class::NodeFilter`].
     pub filter: Option<FilterRole>,
+    /// What of an account's proven state it reads (`eth_getProof` answers it, checked
+    /// against a trusted header's state root), for the reads sluice can verify.
+    pub proof: Option<ProofRead>,
     /// An exact row (reported under its own name in metrics), not a prefix row.
     pub exact: bool,
+}
+
+/// What a state read takes from an account's EIP-1186 proof.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofRead {
+    /// Its balance (`params[0]` the address).
+    Balance,
+    /// Its nonce.
+    Nonce,
+    /// Its code, checked against the proven code hash.
+    Code,
+    /// One storage slot (`params[1]`).
+    Slot,
+    /// The proof itself, of the slots in `params[1]`.
+    Proof,
 }
 
 impl MethodInfo {
@@ -197,6 +215,7 @@ const fn row(name: &'static str, class: Class) -> MethodInfo {
         acts_on: ActsOn::Nothing,
         submit: None,
         filter: None,
+        proof: None,
         exact: true,
     }
 }
@@ -307,11 +326,11 @@ static TABLE: &[MethodInfo] = &[
         ..read("eth_getLogs", ChainRead)
     },
     // State.
-    state("eth_getBalance", 1),
-    state("eth_getCode", 1),
-    state("eth_getTransactionCount", 1),
-    state("eth_getStorageAt", 2),
-    state("eth_getProof", 2),
+    MethodInfo { proof: Some(ProofRead::Balance), ..state("eth_getBalance", 1) },
+    MethodInfo { proof: Some(ProofRead::Code), ..state("eth_getCode", 1) },
+    MethodInfo { proof: Some(ProofRead::Nonce), ..state("eth_getTransactionCount", 1) },
+    MethodInfo { proof: Some(ProofRead::Slot), ..state("eth_getStorageAt", 2) },
+    MethodInfo { proof: Some(ProofRead::Proof), ..state("eth_getProof", 2) },
     MethodInfo { acts_on: ActsOn::CallObject, ..state("eth_call", 1) },
     MethodInfo { cache: CacheRule::Never, acts_on: ActsOn::CallObject, ..state("eth_estimateGas", 1) },
     MethodInfo { cache: CacheRule::Never, acts_on: ActsOn::CallObject, ..state("eth_createAccessList", 1) },

@@ -98,6 +98,7 @@ pub fn networks(urls: &[String]) -> Vec<crate::config::NetworkSection> {
             pool: None,
             aggregate: None,
             subscriptions: None,
+            verify: None,
             ingress: None,
         })
         .collect()

@@ -1,7 +1,7 @@
 //! `[[networks]]`: several chains served by one sluice, each at its own path.
 //!
 //! Each network has an id (its path, `/eth`), a chain id (`/evm/1`), its upstreams, and its own
-//! `cache`, `mempool`, `logs`, `pool`, `aggregate` and `subscriptions` sections: the top-level sections are the defaults, and
+//! `cache`, `mempool`, `logs`, `pool`, `aggregate`, `subscriptions` and `verify` sections: the top-level sections are the defaults, and
 //! a network's own table changes only the keys it names. Without `[[networks]]` the top-level
 //! upstreams and sections are one implicit network, served at `/` as always.
 
@@ -46,6 +46,9 @@ pub struct NetworkSection {
     /// Keys of `[subscriptions]` this network sets differently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscriptions: Option<Value>,
+    /// Keys of `[verify]` this network sets differently.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Value>,
     /// Its own QUIC transaction ingress; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress: Option<sluice_ingress::IngressConfig>,
@@ -77,6 +80,8 @@ pub struct NetworkConfig {
     pub aggregate: sluice_multicall::AggregateConfig,
     /// Its subscription hub.
     pub subscriptions: sluice_subscriptions::SubscriptionsConfig,
+    /// Its verified reads.
+    pub verify: sluice_verify::VerifyConfig,
     /// Its QUIC ingress.
     pub ingress: Option<sluice_ingress::IngressConfig>,
     /// The Redis its replicas follow its chain through (one follower per deployment); `None`:
@@ -109,6 +114,7 @@ impl Config {
                 pool: self.pool.clone(),
                 aggregate: self.aggregate.clone(),
                 subscriptions: self.subscriptions.clone(),
+                verify: self.verify.clone(),
                 ingress: self.ingress.clone(),
                 shared_heads: shared_heads(&self.cluster, &self.cache),
             }]);
@@ -150,6 +156,7 @@ impl Config {
                 pool: inherit(&self.pool, n.pool.as_ref(), &at, "pool")?,
                 aggregate: inherit(&self.aggregate, n.aggregate.as_ref(), &at, "aggregate")?,
                 subscriptions: inherit(&self.subscriptions, n.subscriptions.as_ref(), &at, "subscriptions")?,
+                verify: inherit(&self.verify, n.verify.as_ref(), &at, "verify")?,
                 ingress: n.ingress.clone(),
                 prefix: at,
             });

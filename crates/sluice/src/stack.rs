@@ -19,6 +19,7 @@ use sluice_upstream::{
     spawn_shared_head_watcher, Answer, HeadConfig, HeadFeed, HttpUpstream, HttpUpstreamConfig, Node, SharedHeads,
     Upstreams,
 };
+use sluice_verify::VerifyLayer;
 
 use crate::networks::NetworkConfig;
 
@@ -113,13 +114,17 @@ impl Stack {
             let upstream = upstream.clone();
             move || spawn_shared_head_watcher(upstream, ws_urls, heads, shared)
         };
-        let (feed, start_feed) = if net.cache.enabled || net.mempool.enabled {
+        let (feed, start_feed) = if net.cache.enabled || net.mempool.enabled || net.verify.enabled {
             (Some(start_feed()), None)
         } else {
             (None, Some(start_feed))
         };
         // The steps this network was configured with; the gateway decides their order.
         let mut steps = Steps::default();
+        if let (true, Some(feed)) = (net.verify.enabled, &feed) {
+            let (config, id, view) = (net.verify.clone(), net.id.clone(), feed.view.clone());
+            steps.verify = Some(Box::new(move |below| Arc::new(VerifyLayer::new(&id, below, view, &config))));
+        }
         if net.aggregate.eth_call {
             let (config, id, reorgs) =
                 (net.aggregate.clone(), net.id.clone(), feed.as_ref().map(|f| f.events.subscribe()));

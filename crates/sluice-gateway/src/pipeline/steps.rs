@@ -4,7 +4,8 @@
 //! written here, once:
 //!
 //! ```text
-//! mempool methods → eth_getLogs splitting → cache → coalescing → Multicall3 aggregation → upstream pool
+//! mempool methods → eth_getLogs splitting → cache → coalescing → Multicall3 aggregation
+//!   → verified reads → upstream pool
 //! ```
 //!
 //! * the mempool answers pool methods and takes submissions before anything could answer them
@@ -14,6 +15,8 @@
 //! * the cache answers what it holds and pins what it can to a block (sluice-cache);
 //! * coalescing joins identical calls in flight, cacheable or not (sluice-cache);
 //! * aggregation folds `eth_call`s of one block into one Multicall3 call (sluice-multicall);
+//! * verified reads answer state reads from proofs checked against trusted headers, just above
+//!   the pool, so that what they answer is cached and joined as any answer (sluice-verify);
 //! * the upstream pool routes, hedges, fails over, broadcasts (sluice-upstream).
 
 use std::sync::Arc;
@@ -36,6 +39,8 @@ pub struct Steps {
     pub coalesce: Option<Layer>,
     /// `eth_call`s of one block folded into a Multicall3 call.
     pub aggregate: Option<Layer>,
+    /// State reads answered from checked proofs.
+    pub verify: Option<Layer>,
 }
 
 /// The steps stacked over the upstream pool.
@@ -52,7 +57,7 @@ impl Steps {
     pub fn stack(self, pool: Arc<dyn Upstreams>) -> Stacked {
         // Bottom up: each step wraps the ones below it.
         let mut below = pool;
-        for step in [self.aggregate, self.coalesce, self.cache, self.logs].into_iter().flatten() {
+        for step in [self.verify, self.aggregate, self.coalesce, self.cache, self.logs].into_iter().flatten() {
             below = step(below);
         }
         let reads = below.clone();
@@ -110,9 +115,10 @@ mod tests {
             mempool: step("mempool", &trail),
             coalesce: step("coalesce", &trail),
             logs: step("logs", &trail),
+            verify: step("verify", &trail),
         };
         let stacked = steps.stack(pool());
-        let all = ["mempool", "logs", "cache", "coalesce", "aggregate", "pool"];
+        let all = ["mempool", "logs", "cache", "coalesce", "aggregate", "verify", "pool"];
         assert_eq!(trail_of(&stacked.calls, &trail).await, all);
         assert_eq!(trail_of(&stacked.reads, &trail).await, all[1..]);
         let some = Steps { cache: step("cache", &trail), ..Steps::default() }.stack(pool());

@@ -51,6 +51,10 @@ pub struct Config {
     /// Subscriptions sluice serves itself (see docs/subscriptions.md).
     #[serde(default)]
     pub subscriptions: sluice_subscriptions::SubscriptionsConfig,
+    /// Verified reads: state reads answered from proofs checked against trusted headers (see
+    /// docs/verify.md); off by default.
+    #[serde(default)]
+    pub verify: sluice_verify::VerifyConfig,
     /// API keys, tiers and quotas (see docs/access.md); absent: anyone may call, unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<sluice_access::AccessConfig>,
@@ -302,6 +306,7 @@ pub const KEYS: &[&str] = &[
     "methods",
     "aggregate",
     "subscriptions",
+    "verify",
     "access",
     "ingress",
     "mesh",

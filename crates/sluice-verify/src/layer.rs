@@ -1,0 +1,279 @@
+//! The verifying step: state reads answered from checked proofs, everything else passed down.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use alloy_primitives::{Bytes, B256};
+use alloy_rpc_types_eth::EIP1186AccountProofResponse;
+use async_trait::async_trait;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use sluice_chain::{BlockNeed, BlockTag, ChainView, Resolved};
+use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
+use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
+use tokio::sync::{watch, OnceCell};
+
+use crate::header::check_header;
+use crate::proof::{check_account, check_code};
+use crate::read::{Asked, StateRead};
+use crate::{Unverified, VerifyConfig};
+
+/// Checked headers remembered (hash → state root): a burst of reads at the head checks its
+/// header once.
+const HEADERS: usize = 64;
+
+/// The longest a verified read waits for the head tracker's first head after start.
+const FIRST_HEAD: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// State reads answered from proofs checked against trusted headers; the rest passed to `inner`.
+pub struct VerifyLayer {
+    inner: Arc<dyn Upstreams>,
+    view: watch::Receiver<Arc<ChainView>>,
+    network: Arc<str>,
+    attempts: u32,
+    /// Trusted headers' state roots by hash: checked once, by the first read that needs one
+    /// (reads of the same block meanwhile wait for its check).
+    headers: Mutex<VecDeque<(B256, Arc<OnceCell<B256>>)>>,
+}
+
+impl VerifyLayer {
+    /// Verifies state reads of `network` over `inner`, trusting the headers `view` (the head
+    /// tracker's) holds.
+    pub fn new(
+        network: &str,
+        inner: Arc<dyn Upstreams>,
+        view: watch::Receiver<Arc<ChainView>>,
+        config: &VerifyConfig,
+    ) -> Self {
+        for reason in ["header", "proof", "no_trusted_header", "no_proof"] {
+            metrics::counter!("sluice_verify_failures_total", "network" => network.to_owned(), "reason" => reason)
+                .increment(0);
+        }
+        Self {
+            inner,
+            view,
+            network: network.into(),
+            attempts: config.attempts.max(1),
+            headers: Mutex::new(VecDeque::with_capacity(HEADERS)),
+        }
+    }
+
+    /// The read `call` makes, when it is one this layer answers.
+    fn read_of(call: &Call) -> Option<Result<StateRead, String>> {
+        call.info.proof?;
+        let params: Vec<Value> = match call.req.params.as_deref().map(|p| serde_json::from_str(p.get())) {
+            None => Vec::new(),
+            Some(Ok(Value::Array(params))) => params,
+            Some(_) => return Some(Err("params must be an array".into())),
+        };
+        StateRead::of(call.info, &params).transpose()
+    }
+
+    async fn answer(&self, call: &Call, read: Result<StateRead, String>) -> Outcome {
+        let read = match read {
+            Ok(read) => read,
+            Err(detail) => return Outcome::error(&ErrorObject::new(codes::INVALID_PARAMS, detail)),
+        };
+        let mut last = Unverified::NoProof("not asked".into());
+        for _ in 0..self.attempts {
+            match self.attempt(call, &read).await {
+                Ok(value) => {
+                    metrics::counter!("sluice_verified_total", "network" => self.network.to_string(), "method" => call.info.name)
+                        .increment(1);
+                    return Outcome::result(raw(&value));
+                }
+                Err(e) => {
+                    let reason = e.reason();
+                    metrics::counter!("sluice_verify_failures_total", "network" => self.network.to_string(), "reason" => reason)
+                        .increment(1);
+                    let fatal = matches!(e, Unverified::NoTrustedHeader(_));
+                    if matches!(e, Unverified::Header(_) | Unverified::Proof(_)) {
+                        // A member answered something the chain's commitments contradict.
+                        tracing::warn!(method = %call.req.method, error = %e, "an answer failed verification");
+                    } else {
+                        tracing::debug!(method = %call.req.method, error = %e, "no verified answer yet");
+                    }
+                    last = e;
+                    if fatal {
+                        break;
+                    }
+                }
+            }
+        }
+        let error = ErrorObject::new(codes::RESOURCE_UNAVAILABLE, format!("no verified answer: {last}"))
+            .with_data(json!({ "reason": "unverified", "why": last.reason() }));
+        Outcome::error(&error)
+    }
+
+    /// One try: the trusted header's state root, the proof (and code) at it, checked.
+    async fn attempt(&self, call: &Call, read: &StateRead) -> Result<Value, Unverified> {
+        let (number, hash) = self.trusted_block(call, &read.block).await?;
+        let state_root = self.state_root(call, number, hash).await?;
+        let at = json!({ "blockHash": hash });
+        let slots: Vec<String> = read.slots().iter().map(|s| format!("{s:#x}")).collect();
+        let proof_call = self.internal(call, "eth_getProof", json!([read.address, slots, at]), number, hash);
+        let answers = if read.asked == Asked::Code {
+            let code_call = self.internal(call, "eth_getCode", json!([read.address, at]), number, hash);
+            self.inner.call_batch(&[&proof_call, &code_call]).await
+        } else {
+            vec![self.inner.call(&proof_call).await]
+        };
+        let mut answers = answers.into_iter();
+        let proof_json = result_of(answers.next())?;
+        let proof: EIP1186AccountProofResponse = serde_json::from_value(proof_json.clone())
+            .map_err(|e| Unverified::NoProof(format!("unreadable proof: {e}")))?;
+        check_account(&proof, state_root, read.address, &read.slots())?;
+        let code = match read.asked {
+            Asked::Code => {
+                let code: Bytes = serde_json::from_value(result_of(answers.next())?)
+                    .map_err(|e| Unverified::NoProof(format!("unreadable code: {e}")))?;
+                check_code(&code, proof.code_hash)?;
+                Some(code)
+            }
+            _ => None,
+        };
+        Ok(read.answer(&proof, code.as_ref(), &proof_json))
+    }
+
+    /// The block `tag` names, as a height and the hash the head tracker holds for it.
+    /// In the first moments after start, before the head tracker's first head, it waits for
+    /// that head (at most [`FIRST_HEAD`]) rather than refuse.
+    async fn trusted_block(&self, call: &Call, tag: &BlockTag) -> Result<(u64, B256), Unverified> {
+        let mut view = call.ctx.view.resolve(&self.view).unwrap_or_else(|| self.view.borrow().clone());
+        if view.latest().is_none() {
+            let mut live = self.view.clone();
+            let first = tokio::time::timeout(FIRST_HEAD, live.wait_for(|v| v.latest().is_some())).await;
+            if let Ok(Ok(first)) = first {
+                view = first.clone();
+            }
+        }
+        let (number, hash) = match tag {
+            BlockTag::Pending => return Err(Unverified::NoTrustedHeader("the pending state has no commitment".into())),
+            BlockTag::Hash(hash) => {
+                let (latest, oldest) = match (view.latest(), view.oldest()) {
+                    (Some((l, _)), Some((o, _))) => (l, o),
+                    _ => return Err(Unverified::NoTrustedHeader("no head yet".into())),
+                };
+                let number = (oldest..=latest).rev().find(|n| view.hash_of(*n) == Some(hash.as_str()));
+                let number =
+                    number.ok_or_else(|| Unverified::NoTrustedHeader(format!("{hash} is not in sluice's window")))?;
+                (number, hash.clone())
+            }
+            tag => match view.resolve(tag) {
+                Resolved::Block { number, hash: Some(hash), .. } => (number, hash),
+                _ => {
+                    let held = match (view.oldest(), view.latest()) {
+                        (Some((oldest, _)), Some((latest, _))) => format!("blocks {oldest} to {latest}"),
+                        _ => "no block yet".into(),
+                    };
+                    return Err(Unverified::NoTrustedHeader(format!("{tag:?} is not in sluice's window ({held})")));
+                }
+            },
+        };
+        let hash = hash.parse().map_err(|_| Unverified::NoTrustedHeader(format!("unreadable hash {hash}")))?;
+        Ok((number, hash))
+    }
+
+    /// The state root of the trusted header `hash`: its block fetched and its hash recomputed.
+    async fn state_root(&self, call: &Call, number: u64, hash: B256) -> Result<B256, Unverified> {
+        let cell = {
+            let mut headers = self.headers.lock().unwrap_or_else(PoisonError::into_inner);
+            match headers.iter().find(|(h, _)| *h == hash) {
+                Some((_, cell)) => cell.clone(),
+                None => {
+                    if headers.len() == HEADERS {
+                        headers.pop_front();
+                    }
+                    let cell = Arc::new(OnceCell::new());
+                    headers.push_back((hash, cell.clone()));
+                    cell
+                }
+            }
+        };
+        let check = || async {
+            let block_call = self.internal(call, "eth_getBlockByHash", json!([hash, false]), number, hash);
+            let block = result_of(Some(self.inner.call(&block_call).await))?;
+            let checked = check_header(&block)?;
+            if checked.hash != hash {
+                return Err(Unverified::Header(format!("asked for {hash}, given {}", checked.hash)));
+            }
+            Ok(checked.state_root)
+        };
+        // A failed check leaves the cell empty: the next read checks again.
+        cell.get_or_try_init(check).await.copied()
+    }
+
+    /// A call of sluice's own on behalf of `call`, at block `hash`.
+    fn internal(&self, call: &Call, method: &str, params: Value, number: u64, hash: B256) -> Call {
+        let params = RawValue::from_string(params.to_string()).ok();
+        let req = Request::new(Some(sluice_jsonrpc::Id::number(1)), method, params);
+        let needs = BlockNeed::Hash { hash: format!("{hash:#x}"), number: Some(number) };
+        let mut made = Call::internal_needing(req, needs);
+        made.ctx.network = call.ctx.network.clone();
+        made.ctx.tier = call.ctx.tier.clone();
+        made.ctx.deadline = call.ctx.deadline;
+        made.ctx.origin = call.ctx.origin;
+        made
+    }
+}
+
+/// The result of an answer. A node's error ends the attempt as a failure to prove: the read
+/// is asked again, then refused (a member that cannot prove, a pruned one say, is no answer).
+fn result_of(answer: Option<Result<Answer, UpstreamError>>) -> Result<Value, Unverified> {
+    match answer {
+        Some(Ok(Answer { outcome: Outcome::Result(raw), .. })) => {
+            serde_json::from_str(raw.get()).map_err(|e| Unverified::NoProof(format!("unreadable answer: {e}")))
+        }
+        Some(Ok(Answer { outcome: Outcome::Error(raw), .. })) => {
+            Err(Unverified::NoProof(format!("the node answered {}", raw.get())))
+        }
+        Some(Err(e)) => Err(Unverified::NoProof(e.to_string())),
+        None => Err(Unverified::NoProof("no answer".into())),
+    }
+}
+
+fn raw(value: &Value) -> Box<RawValue> {
+    RawValue::from_string(value.to_string())
+        .unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap_or_default())
+}
+
+#[async_trait]
+impl Upstreams for VerifyLayer {
+    async fn call(&self, call: &Call) -> Result<Answer, UpstreamError> {
+        match Self::read_of(call) {
+            Some(read) => Ok(Answer { outcome: self.answer(call, read).await, source: Source::Upstream }),
+            None => self.inner.call(call).await,
+        }
+    }
+
+    async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
+        let reads: Vec<Option<Result<StateRead, String>>> = calls.iter().map(|c| Self::read_of(c)).collect();
+        if reads.iter().all(Option::is_none) {
+            return self.inner.call_batch(calls).await;
+        }
+        // The others go down as one batch; each verified read makes its own calls.
+        let others: Vec<&Call> = calls.iter().zip(&reads).filter(|(_, r)| r.is_none()).map(|(c, _)| *c).collect();
+        let verified = calls.iter().zip(reads).filter_map(|(call, read)| read.map(|read| self.answer(call, read)));
+        let (mut passed, mut verified) = {
+            let passed = async {
+                if others.is_empty() {
+                    Vec::new()
+                } else {
+                    self.inner.call_batch(&others).await
+                }
+            };
+            let (passed, verified) = tokio::join!(passed, futures_util::future::join_all(verified));
+            (passed.into_iter(), verified.into_iter())
+        };
+        calls
+            .iter()
+            .map(|call| match call.info.proof {
+                Some(_) => match verified.next() {
+                    Some(outcome) => Ok(Answer { outcome, source: Source::Upstream }),
+                    None => Err(UpstreamError::InvalidResponse("a verified answer went missing")),
+                },
+                None => passed.next().unwrap_or(Err(UpstreamError::InvalidResponse("an answer went missing"))),
+            })
+            .collect()
+    }
+}

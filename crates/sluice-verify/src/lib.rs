@@ -1,0 +1,68 @@
+//! Verified reads: the answers of providers sluice cannot audit, checked against the chain's
+//! own commitments, or refused.
+//!
+//! A state read (`eth_getBalance`, `eth_getTransactionCount`, `eth_getCode`,
+//! `eth_getStorageAt`, `eth_getProof`; the method table's `proof` column) is answered from an
+//! EIP-1186 proof at a header sluice trusts: the header's hash recomputed from its fields
+//! ([`header`]) must be the hash sluice's head tracker holds for that height, the account and
+//! its slots must be in (or provably absent from) the tries under its `stateRoot`
+//! ([`proof`]), and the answer is made from what was proven in the node's own format
+//! ([`read`]). A proof that fails is asked again; a second failure refuses the call with
+//! `-32002` and `data.reason = "unverified"`. Never an unchecked value.
+//!
+//! Pure checks in `header`, `proof` and `read`; the I/O is [`VerifyLayer`], one step of the
+//! pipeline just above the upstream pool (so verified answers are cached and joined as any).
+
+use serde::{Deserialize, Serialize};
+
+pub mod header;
+mod layer;
+pub mod proof;
+pub mod read;
+
+pub use layer::VerifyLayer;
+
+/// Why an answer could not be verified.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unverified {
+    /// The header is not one sluice can trust (its hash, its fields, or unknown to sluice).
+    #[error("header: {0}")]
+    Header(String),
+    /// The proof does not hold against the trusted header.
+    #[error("proof: {0}")]
+    Proof(String),
+    /// The block is not one sluice holds a trusted header of (beyond its window, `pending`).
+    #[error("no trusted header: {0}")]
+    NoTrustedHeader(String),
+    /// The members did not answer with a proof at all.
+    #[error("no proof: {0}")]
+    NoProof(String),
+}
+
+impl Unverified {
+    /// Its label in `sluice_verify_failures_total{reason}`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unverified::Header(_) => "header",
+            Unverified::Proof(_) => "proof",
+            Unverified::NoTrustedHeader(_) => "no_trusted_header",
+            Unverified::NoProof(_) => "no_proof",
+        }
+    }
+}
+
+/// The `[verify]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifyConfig {
+    /// Answer state reads only from proofs checked against trusted headers (default off).
+    pub enabled: bool,
+    /// Proofs asked for one call before it is refused (at least 1).
+    pub attempts: u32,
+}
+
+impl Default for VerifyConfig {
+    fn default() -> Self {
+        Self { enabled: false, attempts: 2 }
+    }
+}

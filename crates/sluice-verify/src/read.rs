@@ -1,0 +1,148 @@
+//! The state reads sluice verifies, read from a call's params, and their answers made from a
+//! checked proof in the format the node would have used.
+
+use alloy_primitives::{Address, Bytes, B256};
+use alloy_rpc_types_eth::EIP1186AccountProofResponse;
+use alloy_serde::JsonStorageKey;
+use serde_json::Value;
+use sluice_chain::methods::{MethodInfo, ProofRead};
+use sluice_chain::BlockTag;
+
+use crate::proof::slot_word;
+
+/// What a state read asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    /// `eth_getBalance`.
+    Balance,
+    /// `eth_getTransactionCount`.
+    Nonce,
+    /// `eth_getCode`.
+    Code,
+    /// `eth_getStorageAt`.
+    Slot(B256),
+    /// `eth_getProof`, of these slots.
+    Proof(Vec<B256>),
+}
+
+/// A state read: of which account, what, at which block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateRead {
+    /// The account.
+    pub address: Address,
+    /// What of it.
+    pub asked: Asked,
+    /// At which block (omitted: `latest`).
+    pub block: BlockTag,
+}
+
+impl StateRead {
+    /// The read a method (its row in the method table) with `params` makes; `Ok(None)` when
+    /// it is not a state read sluice verifies, `Err` when its params are not what it takes.
+    pub fn of(info: &MethodInfo, params: &[Value]) -> Result<Option<Self>, String> {
+        let Some(read) = info.proof else { return Ok(None) };
+        let (asked, block_at) = match read {
+            ProofRead::Balance => (Asked::Balance, 1),
+            ProofRead::Nonce => (Asked::Nonce, 1),
+            ProofRead::Code => (Asked::Code, 1),
+            ProofRead::Slot => (Asked::Slot(slot(params.get(1))?), 2),
+            ProofRead::Proof => {
+                let slots = match params.get(1) {
+                    Some(Value::Array(keys)) => keys.iter().map(|k| slot(Some(k))).collect::<Result<_, _>>()?,
+                    _ => return Err("expected an array of storage keys".into()),
+                };
+                (Asked::Proof(slots), 2)
+            }
+        };
+        let address = params
+            .first()
+            .and_then(|a| serde_json::from_value::<Address>(a.clone()).ok())
+            .ok_or("expected an address")?;
+        let block = match params.get(block_at) {
+            None | Some(Value::Null) => BlockTag::Latest,
+            Some(value) => BlockTag::parse(value).ok_or("expected a block number, tag or hash")?,
+        };
+        if params.len() > block_at + 1 {
+            return Err("too many params".into());
+        }
+        Ok(Some(Self { address, asked, block }))
+    }
+
+    /// The slots its proof must cover.
+    pub fn slots(&self) -> Vec<B256> {
+        match &self.asked {
+            Asked::Slot(slot) => vec![*slot],
+            Asked::Proof(slots) => slots.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The answer, from a checked proof (and the code checked against it, for `eth_getCode`);
+    /// `eth_getProof` answers the node's own JSON (`proof_json`), checked.
+    pub fn answer(&self, proof: &EIP1186AccountProofResponse, code: Option<&Bytes>, proof_json: &Value) -> Value {
+        match &self.asked {
+            Asked::Balance => Value::String(format!("{:#x}", proof.balance)),
+            Asked::Nonce => Value::String(format!("{:#x}", proof.nonce)),
+            Asked::Code => Value::String(format!("{}", code.cloned().unwrap_or_default())),
+            Asked::Slot(_) => {
+                let value = proof.storage_proof.first().map(|s| s.value).unwrap_or_default();
+                Value::String(format!("{:#x}", slot_word(value)))
+            }
+            Asked::Proof(_) => proof_json.clone(),
+        }
+    }
+}
+
+/// A storage key as nodes take it: 32 bytes, or a quantity.
+fn slot(value: Option<&Value>) -> Result<B256, String> {
+    value
+        .and_then(|v| serde_json::from_value::<JsonStorageKey>(v.clone()).ok())
+        .map(|k| k.as_b256())
+        .ok_or_else(|| "expected a storage key".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sluice_chain::methods::info;
+
+    #[test]
+    fn each_state_read_is_read_from_its_params() {
+        let a = "0x00000000000000000000000000000000000000aa";
+        let read = StateRead::of(info("eth_getBalance"), &[json!(a)]).unwrap().unwrap();
+        assert_eq!((read.asked, read.block), (Asked::Balance, BlockTag::Latest));
+        let read = StateRead::of(info("eth_getStorageAt"), &[json!(a), json!("0x3"), json!("0x10")]).unwrap().unwrap();
+        assert_eq!(read.asked, Asked::Slot(B256::with_last_byte(3)));
+        assert_eq!(read.block, BlockTag::Number(0x10));
+        let hash = format!("0x{}", "ab".repeat(32));
+        let read =
+            StateRead::of(info("eth_getProof"), &[json!(a), json!(["0x1", "0x2"]), json!({ "blockHash": hash })])
+                .unwrap()
+                .unwrap();
+        assert_eq!(read.slots(), [B256::with_last_byte(1), B256::with_last_byte(2)]);
+        assert_eq!(read.block, BlockTag::Hash(hash));
+        assert_eq!(StateRead::of(info("eth_call"), &[]), Ok(None));
+        assert!(StateRead::of(info("eth_getBalance"), &[json!("0x12")]).is_err());
+        assert!(StateRead::of(info("eth_getBalance"), &[json!(a), json!("soon")]).is_err());
+        assert!(StateRead::of(info("eth_getCode"), &[json!(a), json!("latest"), json!(1)]).is_err());
+    }
+
+    #[test]
+    fn answers_are_in_the_nodes_formats() {
+        let read = |asked| StateRead { address: Address::ZERO, asked, block: BlockTag::Latest };
+        let proof = EIP1186AccountProofResponse { balance: alloy_primitives::U256::from(1000), ..Default::default() };
+        assert_eq!(read(Asked::Balance).answer(&proof, None, &Value::Null), json!("0x3e8"));
+        assert_eq!(read(Asked::Nonce).answer(&proof, None, &Value::Null), json!("0x0"));
+        assert_eq!(
+            read(Asked::Slot(B256::ZERO)).answer(&proof, None, &Value::Null),
+            json!(format!("0x{}", "00".repeat(32))),
+            "an empty slot is 32 zero bytes"
+        );
+        assert_eq!(
+            read(Asked::Code).answer(&proof, Some(&Bytes::from_static(&[0x60, 0x00])), &Value::Null),
+            json!("0x6000")
+        );
+        assert_eq!(read(Asked::Code).answer(&proof, None, &Value::Null), json!("0x"));
+    }
+}

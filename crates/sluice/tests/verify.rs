@@ -1,0 +1,184 @@
+//! Verified reads end to end: real anvil, sluice with `[verify] enabled = true`, and a relay
+//! that lies about proofs (a named fault injector in front of the same anvil).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{json, Value};
+use sluice_testkit::{rpc, rpc_result, Anvil, FakeUpstream, Fault};
+
+const ACCOUNT: &str = "0x00000000000000000000000000000000000c0de1";
+const ABSENT: &str = "0x00000000000000000000000000000000000a0b5e";
+const SLOT: &str = "0x0000000000000000000000000000000000000000000000000000000000000007";
+/// A slot never written (anvil takes only 32-byte storage keys in `eth_getProof`).
+const EMPTY_SLOT: &str = "0x0000000000000000000000000000000000000000000000000000000000000008";
+
+fn verifying(upstream: &str, extra: &str) -> common::Configured {
+    common::with_config(&format!(
+        "[mempool]\nenabled = false\n[verify]\nenabled = true\n{extra}\n[[upstreams]]\nurl = \"{upstream}\"\n"
+    ))
+}
+
+/// Gives `ACCOUNT` a balance, a nonce, code and one storage slot, then mines a block.
+async fn craft(client: &reqwest::Client, anvil: &str) {
+    rpc_result(client, anvil, "anvil_setBalance", json!([ACCOUNT, "0x1bc16d674ec80000"])).await;
+    rpc_result(client, anvil, "anvil_setNonce", json!([ACCOUNT, "0x5"])).await;
+    rpc_result(client, anvil, "anvil_setCode", json!([ACCOUNT, "0x6000600055"])).await;
+    rpc_result(client, anvil, "anvil_setStorageAt", json!([ACCOUNT, SLOT, format!("0x{:064x}", 0x2a)])).await;
+    rpc_result(client, anvil, "anvil_mine", json!(["0x3"])).await;
+}
+
+/// Waits until sluice's head is anvil's.
+async fn synced(client: &reqwest::Client, sluice: &str, anvil: &str) {
+    let target = rpc_result(client, anvil, "eth_blockNumber", json!([])).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rpc_result(client, sluice, "eth_blockNumber", json!([])).await != target {
+        assert!(std::time::Instant::now() < deadline, "sluice did not reach anvil's head");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Every verified state read answers exactly what the node answers: present and absent
+/// accounts, set and empty slots, at `latest`, by height and by EIP-1898 hash; each one
+/// answered from a checked proof (counted), none passed through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verified_reads_answer_exactly_what_the_node_answers() {
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn();
+    craft(&client, &anvil.http_url()).await;
+    let node = anvil.http_url();
+    let served = verifying(&node, "[cache]\nenabled = false");
+    let url = served.sluice.http_url();
+    synced(&client, &url, &node).await;
+    let head = rpc_result(&client, &node, "eth_getBlockByNumber", json!(["latest", false])).await;
+    let (number, hash) = (head["number"].clone(), head["hash"].clone());
+    let older = format!("{:#x}", sluice_testkit::quantity(&number) - 2);
+    let mut asked = 0;
+    for block in [json!("latest"), number.clone(), json!(older), json!({ "blockHash": hash })] {
+        for account in [ACCOUNT, ABSENT] {
+            let reads = [
+                ("eth_getBalance", json!([account, block])),
+                ("eth_getTransactionCount", json!([account, block])),
+                ("eth_getCode", json!([account, block])),
+                ("eth_getStorageAt", json!([account, SLOT, block])),
+                ("eth_getStorageAt", json!([account, "0x8", block])),
+                ("eth_getProof", json!([account, [SLOT, EMPTY_SLOT], block])),
+            ];
+            for (method, params) in reads {
+                let ours = rpc(&client, &url, method, params.clone()).await;
+                let theirs = rpc(&client, &node, method, params.clone()).await;
+                assert_eq!(ours["result"], theirs["result"], "{method} {params}: {ours}");
+                assert!(ours["result"].is_string() || ours["result"].is_object(), "{method} {params}: {ours}");
+                asked += 1;
+            }
+        }
+    }
+    let text = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let verified: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_verified_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(verified, asked as f64, "every read answered from a checked proof");
+    // In a batch beside calls that are not verified: each answer in its place.
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [ACCOUNT, "latest"]},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_chainId", "params": []},
+        {"jsonrpc": "2.0", "id": 3, "method": "eth_getStorageAt", "params": [ACCOUNT, SLOT, "latest"]},
+        {"jsonrpc": "2.0", "id": 4, "method": "eth_getBlockByNumber", "params": ["0x1", false]},
+    ]);
+    let (ours, theirs) = (
+        sluice_testkit::post(&client, &url, batch.to_string()).await.1,
+        sluice_testkit::post(&client, &node, batch.to_string()).await.1,
+    );
+    assert_eq!(ours, theirs, "a batch answers as the node does");
+    // A read sluice cannot prove is refused, not passed through: the pending state has no
+    // commitment.
+    let pending = rpc(&client, &url, "eth_getBalance", json!([ACCOUNT, "pending"])).await;
+    assert_eq!(pending["error"]["code"], -32002, "{pending}");
+    assert_eq!(pending["error"]["data"]["reason"], "unverified", "{pending}");
+    // Bad params get the standard error.
+    let bad = rpc(&client, &url, "eth_getBalance", json!(["0x12", "latest"])).await;
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+}
+
+static LIES: AtomicUsize = AtomicUsize::new(0);
+
+/// A provider that inflates every balance its proofs claim (and answers `eth_getBalance`
+/// honestly, which verified reads never ask).
+fn richer_proofs(req: &Value, answer: &mut Value) {
+    if req["method"] == "eth_getProof" && answer["result"].is_object() {
+        answer["result"]["balance"] = json!("0xde0b6b3a7640000000");
+        LIES.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// With every member lying about proofs, a verified read is refused with `-32002`
+/// (`data.reason = "unverified"`) after two tries, counted by reason; never the lie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_provider_is_refused_never_believed() {
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn();
+    craft(&client, &anvil.http_url()).await;
+    let liar = FakeUpstream::spawn(Fault::Alter { to: anvil.http_url(), alter: richer_proofs }).await;
+    let served = verifying(&liar.url, "[cache]\nenabled = false");
+    let url = served.sluice.http_url();
+    synced(&client, &url, &anvil.http_url()).await;
+    let answer = rpc(&client, &url, "eth_getBalance", json!([ACCOUNT, "latest"])).await;
+    assert_eq!(answer["error"]["code"], -32002, "{answer}");
+    assert_eq!(answer["error"]["data"]["reason"], "unverified", "{answer}");
+    assert_eq!(answer["error"]["data"]["why"], "proof", "{answer}");
+    assert_eq!(LIES.load(Ordering::SeqCst), 2, "asked twice, refused");
+    let text = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(text.contains("sluice_verify_failures_total{network=\"default\",reason=\"proof\"} 2"), "{text}");
+    // The code and slots the liar left alone still verify.
+    let code = rpc(&client, &url, "eth_getCode", json!([ACCOUNT, "latest"])).await;
+    assert!(code["error"]["code"] == -32002, "its proof lies about the balance too: {code}");
+    // Without verification, the lie would have gone through: the same relay, unverified.
+    let plain = common::with_config(&format!("[mempool]\nenabled = false\n[[upstreams]]\nurl = \"{}\"\n", liar.url));
+    let proof = rpc(&client, &plain.sluice.http_url(), "eth_getProof", json!([ACCOUNT, [], "latest"])).await;
+    assert_eq!(proof["result"]["balance"], "0xde0b6b3a7640000000", "an unverified proof is the liar's");
+}
+
+/// A block beyond the head tracker's window has no header sluice trusts: refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_outside_the_window_is_refused_as_having_no_trusted_header() {
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn();
+    rpc_result(&client, &anvil.http_url(), "anvil_mine", json!(["0x40"])).await;
+    let served = verifying(&anvil.http_url(), "[cache]\nwindow = 16");
+    let url = served.sluice.http_url();
+    synced(&client, &url, &anvil.http_url()).await;
+    let old = rpc(&client, &url, "eth_getBalance", json!([ACCOUNT, "0x2"])).await;
+    assert_eq!(old["error"]["code"], -32002, "{old}");
+    assert_eq!(old["error"]["data"]["why"], "no_trusted_header", "{old}");
+    let recent = rpc(&client, &url, "eth_getBalance", json!([common::DEV_ACCOUNT, "0x3e"])).await;
+    assert!(recent["result"].is_string(), "{recent}");
+}
+
+/// What verification costs the provider: one `eth_getProof` per read, and one header per
+/// block for a burst of reads at it (counted by a relay in front of anvil).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_reads_at_one_block_checks_its_header_once() {
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn();
+    craft(&client, &anvil.http_url()).await;
+    let relay =
+        FakeUpstream::spawn(Fault::Relay { to: anvil.http_url(), delay: std::time::Duration::ZERO, fail_method: None })
+            .await;
+    let served = verifying(&relay.url, "[cache]\nenabled = false");
+    let url = served.sluice.http_url();
+    synced(&client, &url, &anvil.http_url()).await;
+    let number = rpc_result(&client, &anvil.http_url(), "eth_blockNumber", json!([])).await;
+    let reads = (1..=20u64).map(|i| {
+        let (client, url, number) = (&client, &url, number.clone());
+        async move { rpc(client, url, "eth_getBalance", json!([format!("0x{i:040x}"), number])).await }
+    });
+    let answers = futures_util::future::join_all(reads).await;
+    assert!(answers.iter().all(|a| a["result"] == "0x0"), "{:?}", answers.first());
+    assert_eq!(relay.requests_for("eth_getProof"), 20, "one proof per read");
+    assert_eq!(relay.requests_for("eth_getBalance"), 0, "no balance asked of the node");
+    let headers = relay.requests_for("eth_getBlockByHash");
+    assert_eq!(headers, 1, "the block's header checked once, the other reads waiting for that check");
+}
