@@ -24,17 +24,7 @@ impl Server {
     }
 
     fn spawn_on(port: u16, args: &[&str]) -> Self {
-        let mut all = vec!["--port".to_owned(), port.to_string(), "--bind".into(), "127.0.0.1".into()];
-        all.extend(args.iter().map(|a| (*a).to_owned()));
-        let child = Command::new("redis-server")
-            .args(&all)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server starts (run scripts/install-tools.sh)");
-        let server = Self { child: Some(child), port };
-        server.wait_until(Duration::from_secs(10), |s| s.cli(&["PING"]) == "PONG", "answers PING");
-        server
+        Self::launch(port, &[], args)
     }
 
     /// A Sentinel watching `master` as `mymaster` (quorum 2), from a config file it may rewrite.
@@ -48,15 +38,21 @@ impl Server {
              sentinel parallel-syncs mymaster 1\n"
         );
         std::fs::write(&file, conf).unwrap();
-        let file = file.to_str().unwrap().to_owned();
+        Self::launch(port, &[file.to_str().unwrap()], &["--sentinel"])
+    }
+
+    /// `redis-server [before…] --port PORT --bind 127.0.0.1 [after…]`, once it answers PING.
+    fn launch(port: u16, before: &[&str], after: &[&str]) -> Self {
         let child = Command::new("redis-server")
-            .args([file.as_str(), "--sentinel", "--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(before)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(after)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server --sentinel starts");
+            .expect("redis-server starts (run scripts/install-tools.sh)");
         let server = Self { child: Some(child), port };
-        server.wait_until(Duration::from_secs(10), |s| s.cli(&["PING"]) == "PONG", "a Sentinel answers PING");
+        server.wait_until(Duration::from_secs(10), |s| s.cli(&["PING"]) == "PONG", "answering PING");
         server
     }
 
