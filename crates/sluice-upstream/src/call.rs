@@ -40,6 +40,22 @@ pub struct CallCtx {
     pub expect_found: bool,
     /// The view of the chain every layer resolves this call's block tags against.
     pub view: CallView,
+    /// A check a layer above puts on each member's result (a proof against a trusted header):
+    /// a result that fails it is a member's lie, and another member is asked.
+    pub check: Option<AnswerCheck>,
+}
+
+/// A check of a member's result text: `Err` with why it cannot be right.
+pub type CheckFn = dyn Fn(&str) -> Result<(), String> + Send + Sync;
+
+/// A [`CheckFn`] a call carries to the pool.
+#[derive(Clone)]
+pub struct AnswerCheck(pub Arc<CheckFn>);
+
+impl std::fmt::Debug for AnswerCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AnswerCheck")
+    }
 }
 
 /// Which view of the chain a call's layers resolve `latest` (and the other tags) against.
@@ -125,6 +141,7 @@ impl Call {
                 origin,
                 expect_found: false,
                 view: CallView::Live,
+                check: None,
             },
         }
     }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sluice_jsonrpc::{Outcome, Request};
 
-pub use call::{Call, CallCtx, CallView, Origin, DEFAULT_NETWORK};
+pub use call::{AnswerCheck, Call, CallCtx, CallView, Origin, DEFAULT_NETWORK};
 pub use consistency::{Admission, HeadView, Seen};
 pub use error::UpstreamError;
 pub use heads::{

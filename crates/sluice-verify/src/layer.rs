@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use sluice_chain::{BlockNeed, BlockTag, ChainView, Resolved};
 use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
-use sluice_upstream::{Answer, Call, Source, UpstreamError, Upstreams};
+use sluice_upstream::{Answer, AnswerCheck, Call, Source, UpstreamError, Upstreams};
 use tokio::sync::{watch, OnceCell};
 
 use crate::header::check_header;
@@ -46,7 +46,7 @@ impl VerifyLayer {
         config: &VerifyConfig,
     ) -> Self {
         for reason in ["header", "proof", "no_trusted_header", "no_proof"] {
-            metrics::counter!("sluice_verify_failures_total", "network" => network.to_owned(), "reason" => reason)
+            metrics::counter!("sluice_verify_refused_total", "network" => network.to_owned(), "reason" => reason)
                 .increment(0);
         }
         Self {
@@ -83,9 +83,6 @@ impl VerifyLayer {
                     return Outcome::result(raw(&value));
                 }
                 Err(e) => {
-                    let reason = e.reason();
-                    metrics::counter!("sluice_verify_failures_total", "network" => self.network.to_string(), "reason" => reason)
-                        .increment(1);
                     let fatal = matches!(e, Unverified::NoTrustedHeader(_));
                     if matches!(e, Unverified::Header(_) | Unverified::Proof(_)) {
                         // A member answered something the chain's commitments contradict.
@@ -100,6 +97,8 @@ impl VerifyLayer {
                 }
             }
         }
+        metrics::counter!("sluice_verify_refused_total", "network" => self.network.to_string(), "reason" => last.reason())
+            .increment(1);
         let error = ErrorObject::new(codes::RESOURCE_UNAVAILABLE, format!("no verified answer: {last}"))
             .with_data(json!({ "reason": "unverified", "why": last.reason() }));
         Outcome::error(&error)
@@ -111,21 +110,29 @@ impl VerifyLayer {
         let state_root = self.state_root(call, number, hash).await?;
         let at = json!({ "blockHash": hash });
         let slots: Vec<String> = read.slots().iter().map(|s| format!("{s:#x}")).collect();
-        let proof_call = self.internal(call, "eth_getProof", json!([read.address, slots, at]), number, hash);
-        let answers = if read.asked == Asked::Code {
+        let mut proof_call = self.internal(call, "eth_getProof", json!([read.address, slots, at]), number, hash);
+        // The pool checks each member's proof as it comes: a member whose proof fails is
+        // counted and scored down, and the next member asked.
+        let (address, slots) = (read.address, read.slots());
+        proof_call.ctx.check = Some(AnswerCheck(Arc::new(move |text: &str| {
+            let proof: EIP1186AccountProofResponse =
+                serde_json::from_str(text).map_err(|e| format!("unreadable proof: {e}"))?;
+            check_account(&proof, state_root, address, &slots).map_err(|e| e.to_string())
+        })));
+        let (proof_answer, code_answer) = if read.asked == Asked::Code {
             let code_call = self.internal(call, "eth_getCode", json!([read.address, at]), number, hash);
-            self.inner.call_batch(&[&proof_call, &code_call]).await
+            let (proof, code) = tokio::join!(self.inner.call(&proof_call), self.inner.call(&code_call));
+            (proof, Some(code))
         } else {
-            vec![self.inner.call(&proof_call).await]
+            (self.inner.call(&proof_call).await, None)
         };
-        let mut answers = answers.into_iter();
-        let proof_json = result_of(answers.next())?;
+        let proof_json = result_of(Some(proof_answer))?;
         let proof: EIP1186AccountProofResponse = serde_json::from_value(proof_json.clone())
             .map_err(|e| Unverified::NoProof(format!("unreadable proof: {e}")))?;
         check_account(&proof, state_root, read.address, &read.slots())?;
         let code = match read.asked {
             Asked::Code => {
-                let code: Bytes = serde_json::from_value(result_of(answers.next())?)
+                let code: Bytes = serde_json::from_value(result_of(code_answer)?)
                     .map_err(|e| Unverified::NoProof(format!("unreadable code: {e}")))?;
                 check_code(&code, proof.code_hash)?;
                 Some(code)

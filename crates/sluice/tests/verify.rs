@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use serde_json::{json, Value};
 use sluice_testkit::{rpc, rpc_result, Anvil, FakeUpstream, Fault};
 
@@ -103,14 +101,11 @@ async fn verified_reads_answer_exactly_what_the_node_answers() {
     assert_eq!(bad["error"]["code"], -32602, "{bad}");
 }
 
-static LIES: AtomicUsize = AtomicUsize::new(0);
-
 /// A provider that inflates every balance its proofs claim (and answers `eth_getBalance`
 /// honestly, which verified reads never ask).
 fn richer_proofs(req: &Value, answer: &mut Value) {
     if req["method"] == "eth_getProof" && answer["result"].is_object() {
         answer["result"]["balance"] = json!("0xde0b6b3a7640000000");
-        LIES.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -129,9 +124,11 @@ async fn a_lying_provider_is_refused_never_believed() {
     assert_eq!(answer["error"]["code"], -32002, "{answer}");
     assert_eq!(answer["error"]["data"]["reason"], "unverified", "{answer}");
     assert_eq!(answer["error"]["data"]["why"], "proof", "{answer}");
-    assert_eq!(LIES.load(Ordering::SeqCst), 2, "asked twice, refused");
+    assert_eq!(liar.requests_for("eth_getProof"), 2, "asked twice, refused");
     let text = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(text.contains("sluice_verify_failures_total{network=\"default\",reason=\"proof\"} 2"), "{text}");
+    assert!(text.contains("sluice_verify_refused_total{network=\"default\",reason=\"proof\"} 1"), "{text}");
+    let failures = text.lines().find(|l| l.starts_with("sluice_verify_failures_total{")).unwrap_or_default();
+    assert!(failures.ends_with(" 2"), "both proofs counted against the member: {failures}");
     // The code and slots the liar left alone still verify.
     let code = rpc(&client, &url, "eth_getCode", json!([ACCOUNT, "latest"])).await;
     assert!(code["error"]["code"] == -32002, "its proof lies about the balance too: {code}");
@@ -181,4 +178,32 @@ async fn a_burst_of_reads_at_one_block_checks_its_header_once() {
     assert_eq!(relay.requests_for("eth_getBalance"), 0, "no balance asked of the node");
     let headers = relay.requests_for("eth_getBlockByHash");
     assert_eq!(headers, 1, "the block's header checked once, the other reads waiting for that check");
+}
+
+/// An honest member beside a liar that is asked first: each read is answered from the honest
+/// member's proof, the liar's failed proofs are counted against it, and after three in a row
+/// it is cordoned (asked no more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_an_honest_member_a_liar_is_passed_over_then_cordoned() {
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn();
+    craft(&client, &anvil.http_url()).await;
+    let liar = FakeUpstream::spawn(Fault::Alter { to: anvil.http_url(), alter: richer_proofs }).await;
+    let served = common::with_config(&format!(
+        "[mempool]\nenabled = false\n[cache]\nenabled = false\n[verify]\nenabled = true\n\
+         [[upstreams]]\nurl = \"{}\"\nweight = 1000\n[[upstreams]]\nurl = \"{}\"\n",
+        liar.url,
+        anvil.http_url()
+    ));
+    let url = served.sluice.http_url();
+    synced(&client, &url, &anvil.http_url()).await;
+    let truth = rpc_result(&client, &anvil.http_url(), "eth_getBalance", json!([ACCOUNT, "latest"])).await;
+    for i in 0..6 {
+        let answer = rpc(&client, &url, "eth_getBalance", json!([ACCOUNT, "latest"])).await;
+        assert_eq!(answer["result"], truth, "read {i}: {answer}");
+    }
+    assert_eq!(liar.requests_for("eth_getProof"), 3, "the liar was asked until it was cordoned");
+    let status: Value = client.get(format!("{url}/status")).send().await.unwrap().json().await.unwrap();
+    let cordoned: Vec<&Value> = status["upstreams"].as_array().unwrap().iter().map(|u| &u["cordoned"]).collect();
+    assert_eq!(cordoned, [&json!(true), &json!(false)], "{status}");
 }

@@ -195,6 +195,11 @@ impl<N: Node> UpstreamPool<N> {
             }
             self.learn_from(answered_by, call, &outcome);
             let suspect = self.suspect(call, &outcome);
+            if suspect == Some(Suspect::Unproven) {
+                self.score_unproven(answered_by);
+            } else if call.ctx.check.is_some() && matches!(outcome, Ok(Outcome::Result(_))) {
+                self.members[answered_by].state().dissent_streak = 0;
+            }
             if let Some(answer) = attempts.record(answered_by, outcome, &call.ctx.needs, suspect) {
                 return answer;
             }

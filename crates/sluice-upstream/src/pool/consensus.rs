@@ -44,6 +44,11 @@ fn default_agree() -> usize {
     2
 }
 
+/// Failed proofs in a row that cordon a member.
+pub(super) const UNPROVEN_CORDON_AFTER: u32 = 3;
+/// How long a member cordoned for failed proofs gets no calls.
+pub(super) const UNPROVEN_CORDON_FOR: Duration = Duration::from_secs(60);
+
 fn default_cordon_after() -> u32 {
     3
 }
@@ -184,6 +189,27 @@ impl<N: Node> UpstreamPool<N> {
                     _ => Err(UpstreamError::Disagreement { answers: counts, agree: rule.agree as u32 }),
                 }
             }
+        }
+    }
+
+    /// A member answered a result its call's check refused (a proof that does not hold against
+    /// a trusted header): counted, scored down as a dissent is, and cordoned for
+    /// [`UNPROVEN_CORDON_FOR`] at [`UNPROVEN_CORDON_AFTER`] in a row.
+    pub(super) fn score_unproven(&self, i: usize) {
+        let member = &self.members[i];
+        metrics::counter!("sluice_verify_failures_total", "network" => self.config.network.clone(),
+            "upstream" => member.node.name().to_owned())
+        .increment(1);
+        let now = Instant::now();
+        let mut state = member.state();
+        state.dissent_streak += 1;
+        if state.dissent_streak >= UNPROVEN_CORDON_AFTER && !state.cordoned(now) {
+            state.cordoned_until = Some(now + UNPROVEN_CORDON_FOR);
+            state.cordons += 1;
+            tracing::warn!(upstream = member.node.name(), "upstream cordoned: its proofs keep failing");
+            metrics::counter!("sluice_pool_cordons_total", "network" => self.config.network.clone(),
+                "upstream" => member.node.name().to_owned())
+            .increment(1);
         }
     }
 

@@ -59,6 +59,8 @@ pub(super) enum Suspect {
     Null,
     /// A `latest` block older than the best head.
     Behind,
+    /// A result the call's own check refused (a proof that does not hold).
+    Unproven,
 }
 
 impl Suspect {
@@ -67,6 +69,7 @@ impl Suspect {
         match self {
             Suspect::Null => "null",
             Suspect::Behind => "behind",
+            Suspect::Unproven => "unproven",
         }
     }
 }
@@ -80,6 +83,11 @@ pub(super) fn suspect(
     facts: impl FnOnce() -> Facts,
 ) -> Option<Suspect> {
     let Ok(Outcome::Result(raw)) = outcome else { return None };
+    if let Some(check) = &call.ctx.check {
+        if (check.0)(raw.get()).is_err() {
+            return Some(Suspect::Unproven);
+        }
+    }
     let method = call.method();
     if config.retry_nulls && raw.get() == "null" && call.info.null_when_unknown {
         let facts = facts();
