@@ -151,17 +151,18 @@ pub struct MethodInfo {
     pub submit: Option<Submit>,
     /// Its part in a node-side filter, for [`Class::NodeFilter`].
     pub filter: Option<FilterRole>,
-    /// What of an account's proven state it reads (`eth_getProof` answers it, checked
-    /// against a trusted header's state root), for the reads sluice can verify.
-    pub proof: Option<ProofRead>,
+    /// How its answer is checked against a trusted header's commitments, for the reads sluice
+    /// can verify (docs/verify.md).
+    pub verify: Option<VerifyBy>,
     /// An exact row (reported under its own name in metrics), not a prefix row.
     pub exact: bool,
 }
 
-/// What a state read takes from an account's EIP-1186 proof.
+/// How a read is verified: state reads from an account's EIP-1186 proof against the header's
+/// `stateRoot`; chain data against the header's hash and roots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProofRead {
-    /// Its balance (`params[0]` the address).
+pub enum VerifyBy {
+    /// An account's balance (`params[0]` the address).
     Balance,
     /// Its nonce.
     Nonce,
@@ -171,6 +172,12 @@ pub enum ProofRead {
     Slot,
     /// The proof itself, of the slots in `params[1]`.
     Proof,
+    /// A block: its header's hash, and with full transactions its `transactionsRoot`.
+    Block,
+    /// A block's receipts: their trie's root is the header's `receiptsRoot`.
+    BlockReceipts,
+    /// One receipt: found among its block's receipts, verified as those are.
+    Receipt,
 }
 
 impl MethodInfo {
@@ -215,7 +222,7 @@ const fn row(name: &'static str, class: Class) -> MethodInfo {
         acts_on: ActsOn::Nothing,
         submit: None,
         filter: None,
-        proof: None,
+        verify: None,
         exact: true,
     }
 }
@@ -293,9 +300,13 @@ static TABLE: &[MethodInfo] = &[
         ..read("eth_feeHistory", ChainRead)
     },
     // Blocks, transactions and receipts.
-    MethodInfo { names: Names::Block, ..by_number("eth_getBlockByNumber", 0, false) },
-    MethodInfo { names: Names::Block, ..by_hash("eth_getBlockByHash") },
-    MethodInfo { names: Names::List, ..by_number("eth_getBlockReceipts", 0, true) },
+    MethodInfo { names: Names::Block, verify: Some(VerifyBy::Block), ..by_number("eth_getBlockByNumber", 0, false) },
+    MethodInfo { names: Names::Block, verify: Some(VerifyBy::Block), ..by_hash("eth_getBlockByHash") },
+    MethodInfo {
+        names: Names::List,
+        verify: Some(VerifyBy::BlockReceipts),
+        ..by_number("eth_getBlockReceipts", 0, true)
+    },
     MethodInfo { names: Names::Object, ..by_number("eth_getTransactionByBlockNumberAndIndex", 0, false) },
     MethodInfo { names: Names::Object, ..by_hash("eth_getTransactionByBlockHashAndIndex") },
     by_number("eth_getBlockTransactionCountByNumber", 0, false),
@@ -317,6 +328,7 @@ static TABLE: &[MethodInfo] = &[
         cache: CacheRule::WhenFinalized,
         names: Names::Object,
         null_when_unknown: true,
+        verify: Some(VerifyBy::Receipt),
         ..read("eth_getTransactionReceipt", ChainRead)
     },
     MethodInfo {
@@ -326,11 +338,11 @@ static TABLE: &[MethodInfo] = &[
         ..read("eth_getLogs", ChainRead)
     },
     // State.
-    MethodInfo { proof: Some(ProofRead::Balance), ..state("eth_getBalance", 1) },
-    MethodInfo { proof: Some(ProofRead::Code), ..state("eth_getCode", 1) },
-    MethodInfo { proof: Some(ProofRead::Nonce), ..state("eth_getTransactionCount", 1) },
-    MethodInfo { proof: Some(ProofRead::Slot), ..state("eth_getStorageAt", 2) },
-    MethodInfo { proof: Some(ProofRead::Proof), ..state("eth_getProof", 2) },
+    MethodInfo { verify: Some(VerifyBy::Balance), ..state("eth_getBalance", 1) },
+    MethodInfo { verify: Some(VerifyBy::Code), ..state("eth_getCode", 1) },
+    MethodInfo { verify: Some(VerifyBy::Nonce), ..state("eth_getTransactionCount", 1) },
+    MethodInfo { verify: Some(VerifyBy::Slot), ..state("eth_getStorageAt", 2) },
+    MethodInfo { verify: Some(VerifyBy::Proof), ..state("eth_getProof", 2) },
     MethodInfo { acts_on: ActsOn::CallObject, ..state("eth_call", 1) },
     MethodInfo { cache: CacheRule::Never, acts_on: ActsOn::CallObject, ..state("eth_estimateGas", 1) },
     MethodInfo { cache: CacheRule::Never, acts_on: ActsOn::CallObject, ..state("eth_createAccessList", 1) },

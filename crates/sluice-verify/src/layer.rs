@@ -15,7 +15,7 @@ use tokio::sync::{watch, OnceCell};
 
 use crate::header::check_header;
 use crate::proof::{check_account, check_code};
-use crate::read::{Asked, StateRead};
+use crate::read::{Asked, Read, StateRead};
 use crate::{Unverified, VerifyConfig};
 
 /// Checked headers remembered (hash → state root): a burst of reads at the head checks its
@@ -27,7 +27,7 @@ const FIRST_HEAD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// State reads answered from proofs checked against trusted headers; the rest passed to `inner`.
 pub struct VerifyLayer {
-    inner: Arc<dyn Upstreams>,
+    pub(crate) inner: Arc<dyn Upstreams>,
     view: watch::Receiver<Arc<ChainView>>,
     network: Arc<str>,
     attempts: u32,
@@ -59,17 +59,17 @@ impl VerifyLayer {
     }
 
     /// The read `call` makes, when it is one this layer answers.
-    fn read_of(call: &Call) -> Option<Result<StateRead, String>> {
-        call.info.proof?;
+    fn read_of(call: &Call) -> Option<Result<Read, String>> {
+        call.info.verify?;
         let params: Vec<Value> = match call.req.params.as_deref().map(|p| serde_json::from_str(p.get())) {
             None => Vec::new(),
             Some(Ok(Value::Array(params))) => params,
             Some(_) => return Some(Err("params must be an array".into())),
         };
-        StateRead::of(call.info, &params).transpose()
+        Read::of(call.info, &params).transpose()
     }
 
-    async fn answer(&self, call: &Call, read: Result<StateRead, String>) -> Outcome {
+    async fn answer(&self, call: &Call, read: Result<Read, String>) -> Outcome {
         let read = match read {
             Ok(read) => read,
             Err(detail) => return Outcome::error(&ErrorObject::new(codes::INVALID_PARAMS, detail)),
@@ -104,8 +104,18 @@ impl VerifyLayer {
         Outcome::error(&error)
     }
 
-    /// One try: the trusted header's state root, the proof (and code) at it, checked.
-    async fn attempt(&self, call: &Call, read: &StateRead) -> Result<Value, Unverified> {
+    /// One try at a verified answer.
+    async fn attempt(&self, call: &Call, read: &Read) -> Result<Value, Unverified> {
+        match read {
+            Read::State(read) => self.state(call, read).await,
+            Read::Block { at, full } => self.block(call, at, *full).await,
+            Read::BlockReceipts(at) => self.block_receipts(call, at).await,
+            Read::Receipt(hash) => self.receipt(call, *hash).await,
+        }
+    }
+
+    /// A state read: the trusted header's state root, the proof (and code) at it, checked.
+    async fn state(&self, call: &Call, read: &StateRead) -> Result<Value, Unverified> {
         let (number, hash) = self.trusted_block(call, &read.block).await?;
         let state_root = self.state_root(call, number, hash).await?;
         let at = json!({ "blockHash": hash });
@@ -145,7 +155,7 @@ impl VerifyLayer {
     /// The block `tag` names, as a height and the hash the head tracker holds for it.
     /// In the first moments after start, before the head tracker's first head, it waits for
     /// that head (at most [`FIRST_HEAD`]) rather than refuse.
-    async fn trusted_block(&self, call: &Call, tag: &BlockTag) -> Result<(u64, B256), Unverified> {
+    pub(crate) async fn trusted_block(&self, call: &Call, tag: &BlockTag) -> Result<(u64, B256), Unverified> {
         let mut view = call.ctx.view.resolve(&self.view).unwrap_or_else(|| self.view.borrow().clone());
         if view.latest().is_none() {
             let mut live = self.view.clone();
@@ -211,7 +221,7 @@ impl VerifyLayer {
     }
 
     /// A call of sluice's own on behalf of `call`, at block `hash`.
-    fn internal(&self, call: &Call, method: &str, params: Value, number: u64, hash: B256) -> Call {
+    pub(crate) fn internal(&self, call: &Call, method: &str, params: Value, number: u64, hash: B256) -> Call {
         let params = RawValue::from_string(params.to_string()).ok();
         let req = Request::new(Some(sluice_jsonrpc::Id::number(1)), method, params);
         let needs = BlockNeed::Hash { hash: format!("{hash:#x}"), number: Some(number) };
@@ -226,7 +236,7 @@ impl VerifyLayer {
 
 /// The result of an answer. A node's error ends the attempt as a failure to prove: the read
 /// is asked again, then refused (a member that cannot prove, a pruned one say, is no answer).
-fn result_of(answer: Option<Result<Answer, UpstreamError>>) -> Result<Value, Unverified> {
+pub(crate) fn result_of(answer: Option<Result<Answer, UpstreamError>>) -> Result<Value, Unverified> {
     match answer {
         Some(Ok(Answer { outcome: Outcome::Result(raw), .. })) => {
             serde_json::from_str(raw.get()).map_err(|e| Unverified::NoProof(format!("unreadable answer: {e}")))
@@ -254,7 +264,7 @@ impl Upstreams for VerifyLayer {
     }
 
     async fn call_batch(&self, calls: &[&Call]) -> Vec<Result<Answer, UpstreamError>> {
-        let reads: Vec<Option<Result<StateRead, String>>> = calls.iter().map(|c| Self::read_of(c)).collect();
+        let reads: Vec<Option<Result<Read, String>>> = calls.iter().map(|c| Self::read_of(c)).collect();
         if reads.iter().all(Option::is_none) {
             return self.inner.call_batch(calls).await;
         }
@@ -274,7 +284,7 @@ impl Upstreams for VerifyLayer {
         };
         calls
             .iter()
-            .map(|call| match call.info.proof {
+            .map(|call| match call.info.verify {
                 Some(_) => match verified.next() {
                     Some(outcome) => Ok(Answer { outcome, source: Source::Upstream }),
                     None => Err(UpstreamError::InvalidResponse("a verified answer went missing")),

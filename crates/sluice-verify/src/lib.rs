@@ -15,6 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod chain;
+mod chain_reads;
 pub mod header;
 mod layer;
 pub mod proof;

@@ -5,7 +5,7 @@ use alloy_primitives::{Address, Bytes, B256};
 use alloy_rpc_types_eth::EIP1186AccountProofResponse;
 use alloy_serde::JsonStorageKey;
 use serde_json::Value;
-use sluice_chain::methods::{MethodInfo, ProofRead};
+use sluice_chain::methods::{MethodInfo, VerifyBy};
 use sluice_chain::BlockTag;
 
 use crate::proof::slot_word;
@@ -25,6 +25,61 @@ pub enum Asked {
     Proof(Vec<B256>),
 }
 
+/// A read sluice verifies, from its method's row and its params.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    /// Of an account's state, from its proof.
+    State(StateRead),
+    /// A block (`eth_getBlockByNumber`/`ByHash`), with full transactions or their hashes.
+    Block {
+        /// Which block.
+        at: BlockTag,
+        /// Full transaction objects.
+        full: bool,
+    },
+    /// A block's receipts (`eth_getBlockReceipts`).
+    BlockReceipts(BlockTag),
+    /// One receipt (`eth_getTransactionReceipt`), by transaction hash.
+    Receipt(B256),
+}
+
+impl Read {
+    /// The read a method (its row) with `params` makes; `Ok(None)` when sluice does not verify
+    /// it, `Err` when its params are not what it takes.
+    pub fn of(info: &MethodInfo, params: &[Value]) -> Result<Option<Self>, String> {
+        let Some(by) = info.verify else { return Ok(None) };
+        let tag = |value: Option<&Value>| match value {
+            None | Some(Value::Null) => Ok(BlockTag::Latest),
+            Some(value) => BlockTag::parse(value).ok_or("expected a block number, tag or hash"),
+        };
+        Ok(Some(match by {
+            VerifyBy::Block => {
+                let full = match params.get(1) {
+                    Some(Value::Bool(full)) => *full,
+                    None => false,
+                    Some(_) => return Err("expected a boolean (full transactions)".into()),
+                };
+                let at = match params.first() {
+                    Some(Value::String(hash)) if hash.len() == 66 => {
+                        BlockTag::Hash(hash.parse::<B256>().map_err(|_| "expected a block hash")?.to_string())
+                    }
+                    value => tag(value)?,
+                };
+                Read::Block { at, full }
+            }
+            VerifyBy::BlockReceipts => Read::BlockReceipts(tag(params.first())?),
+            VerifyBy::Receipt => {
+                let hash = params.first().and_then(|h| serde_json::from_value::<B256>(h.clone()).ok());
+                Read::Receipt(hash.ok_or("expected a transaction hash")?)
+            }
+            _ => match StateRead::of(info, params)? {
+                Some(read) => Read::State(read),
+                None => return Ok(None),
+            },
+        }))
+    }
+}
+
 /// A state read: of which account, what, at which block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateRead {
@@ -40,19 +95,20 @@ impl StateRead {
     /// The read a method (its row in the method table) with `params` makes; `Ok(None)` when
     /// it is not a state read sluice verifies, `Err` when its params are not what it takes.
     pub fn of(info: &MethodInfo, params: &[Value]) -> Result<Option<Self>, String> {
-        let Some(read) = info.proof else { return Ok(None) };
+        let Some(read) = info.verify else { return Ok(None) };
         let (asked, block_at) = match read {
-            ProofRead::Balance => (Asked::Balance, 1),
-            ProofRead::Nonce => (Asked::Nonce, 1),
-            ProofRead::Code => (Asked::Code, 1),
-            ProofRead::Slot => (Asked::Slot(slot(params.get(1))?), 2),
-            ProofRead::Proof => {
+            VerifyBy::Balance => (Asked::Balance, 1),
+            VerifyBy::Nonce => (Asked::Nonce, 1),
+            VerifyBy::Code => (Asked::Code, 1),
+            VerifyBy::Slot => (Asked::Slot(slot(params.get(1))?), 2),
+            VerifyBy::Proof => {
                 let slots = match params.get(1) {
                     Some(Value::Array(keys)) => keys.iter().map(|k| slot(Some(k))).collect::<Result<_, _>>()?,
                     _ => return Err("expected an array of storage keys".into()),
                 };
                 (Asked::Proof(slots), 2)
             }
+            VerifyBy::Block | VerifyBy::BlockReceipts | VerifyBy::Receipt => return Ok(None),
         };
         let address = params
             .first()

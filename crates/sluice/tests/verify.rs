@@ -3,7 +3,9 @@
 
 mod common;
 
+use alloy_primitives::{Bytes, TxKind, U256};
 use serde_json::{json, Value};
+use sluice_bench::txgen::{Fees, Wallet};
 use sluice_testkit::{rpc, rpc_result, Anvil, FakeUpstream, Fault};
 
 const ACCOUNT: &str = "0x00000000000000000000000000000000000c0de1";
@@ -206,4 +208,125 @@ async fn beside_an_honest_member_a_liar_is_passed_over_then_cordoned() {
     let status: Value = client.get(format!("{url}/status")).send().await.unwrap().json().await.unwrap();
     let cordoned: Vec<&Value> = status["upstreams"].as_array().unwrap().iter().map(|u| &u["cordoned"]).collect();
     assert_eq!(cordoned, [&json!(true), &json!(false)], "{status}");
+}
+
+/// A block of three transactions (two transfers and a contract creation that logs), mined
+/// together on a non-mining anvil; returns the transaction hashes.
+async fn busy_block(client: &reqwest::Client, anvil: &str) -> Vec<String> {
+    let wallet = Wallet::from_hex(common::DEV_KEY, 31337).unwrap();
+    let to = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".parse().unwrap();
+    let init: Bytes = alloy_primitives::hex::decode(common::CONTRACT_INIT.replace(' ', "")).unwrap().into();
+    let deploy = wallet.sign(alloy_consensus::TxEip1559 {
+        chain_id: 31337,
+        nonce: 2,
+        gas_limit: 200_000,
+        max_fee_per_gas: 20_000_000_000,
+        max_priority_fee_per_gas: 1_000_000_000,
+        to: TxKind::Create,
+        value: U256::ZERO,
+        input: init,
+        ..Default::default()
+    });
+    let raws = [
+        wallet.transfer(0, to, 1, Fees::default()).hex(),
+        wallet.transfer(1, to, 2, Fees::default()).hex(),
+        deploy.hex(),
+    ];
+    let mut hashes = Vec::new();
+    for raw in raws {
+        let hash = rpc_result(client, anvil, "eth_sendRawTransaction", json!([raw])).await;
+        hashes.push(hash.as_str().unwrap().to_owned());
+    }
+    rpc_result(client, anvil, "evm_mine", json!([])).await;
+    hashes
+}
+
+/// Blocks (full and by hashes, by number and by hash), a block's receipts and each receipt
+/// answer exactly what the node answers, from a block checked against its header's roots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verified_blocks_and_receipts_answer_exactly_what_the_node_answers() {
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn_with(&["--no-mining"]);
+    let node = anvil.http_url();
+    let hashes = busy_block(&client, &node).await;
+    let served = verifying(&node, "[cache]\nenabled = false");
+    let url = served.sluice.http_url();
+    synced(&client, &url, &node).await;
+    let block = rpc_result(&client, &node, "eth_getBlockByNumber", json!(["latest", true])).await;
+    assert_eq!(block["transactions"].as_array().map(Vec::len), Some(3), "one block of three");
+    let hash = block["hash"].clone();
+    let reads = [
+        ("eth_getBlockByNumber", json!(["latest", true])),
+        ("eth_getBlockByNumber", json!(["0x1", false])),
+        ("eth_getBlockByHash", json!([hash, true])),
+        ("eth_getBlockByHash", json!([hash, false])),
+        ("eth_getBlockReceipts", json!(["0x1"])),
+        ("eth_getBlockReceipts", json!([hash])),
+        ("eth_getTransactionReceipt", json!([hashes[0]])),
+        ("eth_getTransactionReceipt", json!([hashes[2]])),
+        ("eth_getBlockByNumber", json!(["0x99", false])),
+        ("eth_getTransactionReceipt", json!([format!("0x{}", "77".repeat(32))])),
+    ];
+    for (method, params) in reads {
+        let ours = rpc(&client, &url, method, params.clone()).await;
+        let theirs = rpc(&client, &node, method, params.clone()).await;
+        assert_eq!(ours["result"], theirs["result"], "{method} {params}: {ours}");
+    }
+    let receipt = rpc_result(&client, &url, "eth_getTransactionReceipt", json!([hashes[2]])).await;
+    assert!(receipt["contractAddress"].is_string() && !receipt["logs"].as_array().unwrap().is_empty(), "{receipt}");
+    let text = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let verified: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_verified_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(verified, 11.0, "every read answered from a checked block (the two nulls aside): {text}");
+}
+
+/// A provider that changes what a receipt says (its gas used) or a transaction's value.
+fn rewritten_history(req: &Value, answer: &mut Value) {
+    match req["method"].as_str() {
+        Some("eth_getBlockReceipts") => {
+            if let Some(first) = answer["result"].get_mut(0) {
+                first["gasUsed"] = json!("0x1");
+            }
+        }
+        Some("eth_getBlockByHash") if req["params"][1] == true => {
+            if let Some(first) = answer["result"]["transactions"].get_mut(0) {
+                first["value"] = json!("0xde0b6b3a7640000");
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A provider that rewrites history is refused (as the only member) and passed over (beside
+/// an honest one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewritten_blocks_and_receipts_are_refused_or_passed_over() {
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn_with(&["--no-mining"]);
+    let node = anvil.http_url();
+    let hashes = busy_block(&client, &node).await;
+    let liar = FakeUpstream::spawn(Fault::Alter { to: node.clone(), alter: rewritten_history }).await;
+    let alone = verifying(&liar.url, "[cache]\nenabled = false");
+    synced(&client, &alone.sluice.http_url(), &node).await;
+    for (method, params) in [
+        ("eth_getBlockByNumber", json!(["0x1", true])),
+        ("eth_getBlockReceipts", json!(["0x1"])),
+        ("eth_getTransactionReceipt", json!([hashes[1]])),
+    ] {
+        let answer = rpc(&client, &alone.sluice.http_url(), method, params.clone()).await;
+        assert_eq!(answer["error"]["code"], -32002, "{method} {params}: {answer}");
+    }
+    let both = common::with_config(&format!(
+        "[mempool]\nenabled = false\n[cache]\nenabled = false\n[verify]\nenabled = true\n\
+         [[upstreams]]\nurl = \"{}\"\nweight = 1000\n[[upstreams]]\nurl = \"{node}\"\n",
+        liar.url
+    ));
+    let url = both.sluice.http_url();
+    synced(&client, &url, &node).await;
+    let truth = rpc_result(&client, &node, "eth_getTransactionReceipt", json!([hashes[1]])).await;
+    let answer = rpc(&client, &url, "eth_getTransactionReceipt", json!([hashes[1]])).await;
+    assert_eq!(answer["result"], truth, "{answer}");
 }
