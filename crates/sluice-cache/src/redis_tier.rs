@@ -50,12 +50,14 @@ impl RedisTier {
         let redis = sluice_redis::Redis::open(&config.url).map_err(|e| format!("redis url: {e}"))?;
         let ready = Arc::new(AtomicBool::new(false));
         let (first, flag) = (redis.clone(), ready.clone());
+        metrics::gauge!("sluice_cache_redis_connected").set(0.0);
         tokio::spawn(async move {
             loop {
                 match first.connection().await {
                     Ok(_) => {
                         tracing::info!("redis tier connected");
                         flag.store(true, Ordering::Relaxed);
+                        metrics::gauge!("sluice_cache_redis_connected").set(1.0);
                         return;
                     }
                     Err(e) => {

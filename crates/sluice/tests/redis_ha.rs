@@ -274,6 +274,20 @@ async fn a_redis_cluster_serves_the_cache_tier_quotas_and_head_following() {
         async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
     };
 
+    // Both replicas have connected their cache tier to the cluster and hold the head.
+    for url in &urls {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let connected = sluice_testkit::metric(&client, url, "sluice_cache_redis_connected").await;
+            // Read from /metrics: a keyed call would count against the quota below.
+            let head = sluice_testkit::metric(&client, url, "sluice_chain_head{network=\"default\"}").await;
+            if connected == Some(1.0) && head == Some(3.0) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{url}: tier connected {connected:?}, head {head:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     // An answer one replica cached is the other's hit, through the cluster.
     let params = json!(["0x00000000000000000000000000000000000000aa", "0x2"]);
     let first = call(&urls[0], "eth_getBalance", params.clone()).await;
