@@ -43,6 +43,9 @@ pub struct CallCtx {
     /// A check a layer above puts on each member's result (a proof against a trusted header):
     /// a result that fails it is a member's lie, and another member is asked.
     pub check: Option<AnswerCheck>,
+    /// Distinct members that must each give a result passing `check` (a header's hash at its
+    /// height, agreed by `k` members); 0 or 1: the first result that passes is the answer.
+    pub attest: u8,
 }
 
 /// A check of a member's result text: `Err` with why it cannot be right.
@@ -142,6 +145,7 @@ impl Call {
                 expect_found: false,
                 view: CallView::Live,
                 check: None,
+                attest: 0,
             },
         }
     }

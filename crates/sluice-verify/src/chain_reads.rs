@@ -10,6 +10,7 @@ use sluice_upstream::{AnswerCheck, Call};
 
 use crate::chain::{check_full_block, check_receipts, with_hashes, CheckedBlock};
 use crate::layer::result_of;
+use crate::linking::found;
 use crate::{Unverified, VerifyLayer};
 
 impl VerifyLayer {
@@ -69,12 +70,20 @@ impl VerifyLayer {
 
     /// The block `hash` with its transactions, checked (each member's answer by the pool).
     async fn checked_block(&self, call: &Call, number: u64, hash: B256) -> Result<(Value, CheckedBlock), Unverified> {
+        if self.strict() {
+            // The block's hash must be agreed, or linked to the checkpoint, before its
+            // contents are checked against it.
+            self.trusted(call, number, hash).await?;
+        }
         let mut block_call = self.internal(call, "eth_getBlockByHash", json!([hash, true]), number, hash);
         block_call.ctx.check = Some(AnswerCheck(Arc::new(move |text: &str| {
+            if text == "null" {
+                return Ok(()); // no block there: not a lie (see `found`)
+            }
             let block: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
             check_full_block(&block, hash).map(drop).map_err(|e| e.to_string())
         })));
-        let block = result_of(Some(self.inner.call(&block_call).await))?;
+        let block = found(result_of(Some(self.inner.call(&block_call).await))?, hash)?;
         let checked = check_full_block(&block, hash)?;
         Ok((block, checked))
     }

@@ -48,6 +48,8 @@ pub struct CheckedHeader {
     pub hash: B256,
     /// Its height.
     pub number: u64,
+    /// Its parent's hash: what links it to the headers before it.
+    pub parent: B256,
     /// The root of the state after the block.
     pub state_root: B256,
 }
@@ -76,7 +78,7 @@ pub fn check_header(block: &Value) -> Result<CheckedHeader, Unverified> {
     if hash != named {
         return Err(Unverified::Header(format!("its fields hash to {hash}, not {named}")));
     }
-    Ok(CheckedHeader { hash, number: header.number, state_root: header.state_root })
+    Ok(CheckedHeader { hash, number: header.number, parent: header.parent_hash, state_root: header.state_root })
 }
 
 #[cfg(test)]

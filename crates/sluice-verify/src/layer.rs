@@ -1,7 +1,7 @@
 //! The verifying step: state reads answered from checked proofs, everything else passed down.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use alloy_primitives::{Bytes, B256};
 use alloy_rpc_types_eth::EIP1186AccountProofResponse;
@@ -13,14 +13,13 @@ use sluice_jsonrpc::{codes, ErrorObject, Outcome, Request};
 use sluice_upstream::{Answer, AnswerCheck, Call, Source, UpstreamError, Upstreams};
 use tokio::sync::{watch, OnceCell};
 
-use crate::header::check_header;
 use crate::proof::{check_account, check_code};
 use crate::read::{Asked, Read, StateRead};
+use crate::trust::{Checkpoint, SharedTrust, TrustStore, Trusted};
 use crate::{Unverified, VerifyConfig};
 
-/// Checked headers remembered (hash → state root): a burst of reads at the head checks its
-/// header once.
-const HEADERS: usize = 64;
+/// Header checks remembered while they run: a burst of reads at the head waits for one.
+pub(crate) const HEADERS: usize = 64;
 
 /// The longest a verified read waits for the head tracker's first head after start.
 const FIRST_HEAD: std::time::Duration = std::time::Duration::from_secs(5);
@@ -29,21 +28,30 @@ const FIRST_HEAD: std::time::Duration = std::time::Duration::from_secs(5);
 pub struct VerifyLayer {
     pub(crate) inner: Arc<dyn Upstreams>,
     view: watch::Receiver<Arc<ChainView>>,
-    network: Arc<str>,
+    pub(crate) network: Arc<str>,
     attempts: u32,
-    /// Trusted headers' state roots by hash: checked once, by the first read that needs one
-    /// (reads of the same block meanwhile wait for its check).
-    headers: Mutex<VecDeque<(B256, Arc<OnceCell<B256>>)>>,
+    /// Members that must each name a header's hash at its height.
+    pub(crate) agree: u8,
+    /// The block every trusted header must descend from, when one is pinned.
+    pub(crate) checkpoint: Option<Checkpoint>,
+    /// The most headers one read fetches to link a block to a trusted one.
+    pub(crate) link_limit: u64,
+    /// The headers sluice trusts (shared with `/status`).
+    trust: SharedTrust,
+    /// Header checks under way or done lately, by hash: the first read that needs a header
+    /// checks it, and reads of the same block meanwhile wait for that check.
+    pub(crate) checking: Mutex<VecDeque<(B256, Arc<OnceCell<Trusted>>)>>,
 }
 
 impl VerifyLayer {
-    /// Verifies state reads of `network` over `inner`, trusting the headers `view` (the head
-    /// tracker's) holds.
+    /// Verifies reads of `network` over `inner`, at the blocks `view` (the head tracker's)
+    /// names, against the headers in `trust`.
     pub fn new(
         network: &str,
         inner: Arc<dyn Upstreams>,
         view: watch::Receiver<Arc<ChainView>>,
         config: &VerifyConfig,
+        trust: SharedTrust,
     ) -> Self {
         for reason in ["header", "proof", "no_trusted_header", "no_proof"] {
             metrics::counter!("sluice_verify_refused_total", "network" => network.to_owned(), "reason" => reason)
@@ -54,8 +62,24 @@ impl VerifyLayer {
             view,
             network: network.into(),
             attempts: config.attempts.max(1),
-            headers: Mutex::new(VecDeque::with_capacity(HEADERS)),
+            agree: config.agree.max(1),
+            checkpoint: config.checkpoint,
+            link_limit: config.link_limit.max(1),
+            trust,
+            checking: Mutex::new(VecDeque::with_capacity(HEADERS)),
         }
+    }
+
+    /// The trusted headers.
+    pub(crate) fn trust(&self) -> MutexGuard<'_, TrustStore> {
+        self.trust.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether trust takes more than the head tracker's hash, recomputed: agreement of
+    /// several members, or descent from a checkpoint (chain reads then check the header
+    /// apart from the block they fetch).
+    pub(crate) fn strict(&self) -> bool {
+        self.agree > 1 || self.checkpoint.is_some()
     }
 
     /// The read `call` makes, when it is one this layer answers.
@@ -117,7 +141,7 @@ impl VerifyLayer {
     /// A state read: the trusted header's state root, the proof (and code) at it, checked.
     async fn state(&self, call: &Call, read: &StateRead) -> Result<Value, Unverified> {
         let (number, hash) = self.trusted_block(call, &read.block).await?;
-        let state_root = self.state_root(call, number, hash).await?;
+        let state_root = self.trusted(call, number, hash).await?.state_root;
         let at = json!({ "blockHash": hash });
         let slots: Vec<String> = read.slots().iter().map(|s| format!("{s:#x}")).collect();
         let mut proof_call = self.internal(call, "eth_getProof", json!([read.address, slots, at]), number, hash);
@@ -164,20 +188,30 @@ impl VerifyLayer {
                 view = first.clone();
             }
         }
+        if view.latest().is_none() {
+            return Err(Unverified::NoTrustedHeader("no head yet".into()));
+        }
+        let oldest = view.oldest().map_or(0, |(n, _)| n);
         let (number, hash) = match tag {
             BlockTag::Pending => return Err(Unverified::NoTrustedHeader("the pending state has no commitment".into())),
-            BlockTag::Hash(hash) => {
-                let (latest, oldest) = match (view.latest(), view.oldest()) {
-                    (Some((l, _)), Some((o, _))) => (l, o),
-                    _ => return Err(Unverified::NoTrustedHeader("no head yet".into())),
-                };
-                let number = (oldest..=latest).rev().find(|n| view.hash_of(*n) == Some(hash.as_str()));
-                let number =
-                    number.ok_or_else(|| Unverified::NoTrustedHeader(format!("{hash} is not in sluice's window")))?;
-                (number, hash.clone())
+            BlockTag::Hash(named) => {
+                let hash: B256 =
+                    named.parse().map_err(|_| Unverified::NoTrustedHeader(format!("unreadable hash {named}")))?;
+                let latest = view.latest().map_or(0, |(n, _)| n);
+                let held =
+                    (oldest..=latest).rev().find(|n| view.hash_of(*n).and_then(|h| h.parse().ok()) == Some(hash));
+                match held {
+                    Some(number) => return Ok((number, hash)),
+                    None => return Ok((self.outside_window(call, hash, &view).await?, hash)),
+                }
             }
-            tag => match view.resolve(tag) {
-                Resolved::Block { number, hash: Some(hash), .. } => (number, hash),
+            tag => match (tag, view.resolve(tag)) {
+                (_, Resolved::Block { number, hash: Some(hash), .. }) => (number, hash),
+                // Older than the window: linked down from the window's oldest block.
+                (_, Resolved::Block { number, hash: None, .. }) | (&BlockTag::Number(number), _) if number < oldest => {
+                    return Ok((number, self.below_window(call, number, &view).await?));
+                }
+                (BlockTag::Earliest, _) => return Ok((0, self.below_window(call, 0, &view).await?)),
                 _ => {
                     let held = match (view.oldest(), view.latest()) {
                         (Some((oldest, _)), Some((latest, _))) => format!("blocks {oldest} to {latest}"),
@@ -191,40 +225,16 @@ impl VerifyLayer {
         Ok((number, hash))
     }
 
-    /// The state root of the trusted header `hash`: its block fetched and its hash recomputed.
-    async fn state_root(&self, call: &Call, number: u64, hash: B256) -> Result<B256, Unverified> {
-        let cell = {
-            let mut headers = self.headers.lock().unwrap_or_else(PoisonError::into_inner);
-            match headers.iter().find(|(h, _)| *h == hash) {
-                Some((_, cell)) => cell.clone(),
-                None => {
-                    if headers.len() == HEADERS {
-                        headers.pop_front();
-                    }
-                    let cell = Arc::new(OnceCell::new());
-                    headers.push_back((hash, cell.clone()));
-                    cell
-                }
-            }
-        };
-        let check = || async {
-            let block_call = self.internal(call, "eth_getBlockByHash", json!([hash, false]), number, hash);
-            let block = result_of(Some(self.inner.call(&block_call).await))?;
-            let checked = check_header(&block)?;
-            if checked.hash != hash {
-                return Err(Unverified::Header(format!("asked for {hash}, given {}", checked.hash)));
-            }
-            Ok(checked.state_root)
-        };
-        // A failed check leaves the cell empty: the next read checks again.
-        cell.get_or_try_init(check).await.copied()
-    }
-
     /// A call of sluice's own on behalf of `call`, at block `hash`.
     pub(crate) fn internal(&self, call: &Call, method: &str, params: Value, number: u64, hash: B256) -> Call {
+        let needs = BlockNeed::Hash { hash: format!("{hash:#x}"), number: Some(number) };
+        self.internal_needing(call, method, params, needs)
+    }
+
+    /// A call of sluice's own on behalf of `call`, needing a node to have `needs`.
+    pub(crate) fn internal_needing(&self, call: &Call, method: &str, params: Value, needs: BlockNeed) -> Call {
         let params = RawValue::from_string(params.to_string()).ok();
         let req = Request::new(Some(sluice_jsonrpc::Id::number(1)), method, params);
-        let needs = BlockNeed::Hash { hash: format!("{hash:#x}"), number: Some(number) };
         let mut made = Call::internal_needing(req, needs);
         made.ctx.network = call.ctx.network.clone();
         made.ctx.tier = call.ctx.tier.clone();

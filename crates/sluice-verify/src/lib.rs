@@ -19,10 +19,13 @@ pub mod chain;
 mod chain_reads;
 pub mod header;
 mod layer;
+mod linking;
 pub mod proof;
 pub mod read;
+pub mod trust;
 
 pub use layer::VerifyLayer;
+pub use trust::{Checkpoint, SharedTrust};
 
 /// Why an answer could not be verified.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,10 +64,55 @@ pub struct VerifyConfig {
     pub enabled: bool,
     /// Proofs asked for one call before it is refused (at least 1).
     pub attempts: u32,
+    /// Members that must each name a header's hash at its height before it is trusted
+    /// (1: the head tracker's hash, recomputed from the header one member sends).
+    pub agree: u8,
+    /// A block pinned as trusted: every trusted header must then descend from it.
+    pub checkpoint: Option<Checkpoint>,
+    /// The most headers one read fetches to link a block to a trusted one (a block older
+    /// than the head tracker's window; the chain down to the checkpoint).
+    pub link_limit: u64,
 }
 
 impl Default for VerifyConfig {
     fn default() -> Self {
-        Self { enabled: false, attempts: 2 }
+        Self { enabled: false, attempts: 2, agree: 1, checkpoint: None, link_limit: 1024 }
+    }
+}
+
+impl VerifyConfig {
+    /// Checks the numbers against the network's `members`.
+    pub fn validate(&self, members: usize) -> Result<(), String> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.agree == 0 || usize::from(self.agree) > members {
+            return Err(format!("verify.agree must be 1 to the network's {members} upstream(s), got {}", self.agree));
+        }
+        if self.link_limit == 0 {
+            return Err("verify.link_limit must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Its part of `/status`: how headers are trusted, and the trusted headers held.
+    pub fn status(&self, trust: &SharedTrust) -> serde_json::Value {
+        let store = trust.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let [agreed, linked, checkpoint] = store.counts();
+        let source = match (self.agree, self.checkpoint) {
+            (1, None) => "the head tracker's hash, recomputed".to_owned(),
+            (k, None) => format!("named by {k} members"),
+            (k, Some(pinned)) => {
+                format!("named by {k} member(s), descending from the checkpoint at block {}", pinned.number)
+            }
+        };
+        serde_json::json!({
+            "trust": source,
+            "agree": self.agree,
+            "checkpoint": self.checkpoint,
+            "trusted_headers": store.len(),
+            "trusted_span": store.span().map(|(low, high)| [low, high]),
+            "trusted_so_far": { "agreed": agreed, "linked": linked, "checkpoint": checkpoint },
+        })
     }
 }

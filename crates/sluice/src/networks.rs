@@ -228,6 +228,7 @@ impl NetworkConfig {
         sluice_mempool::MempoolConfig::try_from(&self.mempool).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         self.aggregate.validate().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         self.subscriptions.validate().map_err(|e| anyhow::anyhow!("{at}{e}"))?;
+        self.verify.validate(self.upstreams.len()).map_err(|e| anyhow::anyhow!("{at}{e}"))?;
         let l = &self.logs;
         anyhow::ensure!(l.max_block_range > 0, "{at}logs.max_block_range: must be more than zero");
         anyhow::ensure!(l.concurrency > 0, "{at}logs.concurrency: must be more than zero");

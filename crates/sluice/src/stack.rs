@@ -123,7 +123,11 @@ impl Stack {
         let mut steps = Steps::default();
         if let (true, Some(feed)) = (net.verify.enabled, &feed) {
             let (config, id, view) = (net.verify.clone(), net.id.clone(), feed.view.clone());
-            steps.verify = Some(Box::new(move |below| Arc::new(VerifyLayer::new(&id, below, view, &config))));
+            let trust = sluice_verify::trust::shared_trust();
+            let (shown, shown_config) = (trust.clone(), config.clone());
+            status.add("verify", Arc::new(move || shown_config.status(&shown)));
+            steps.verify =
+                Some(Box::new(move |below| Arc::new(VerifyLayer::new(&id, below, view, &config, trust.clone()))));
         }
         if net.aggregate.eth_call {
             let (config, id, reorgs) =

@@ -4,40 +4,10 @@
 mod common;
 
 use alloy_primitives::{Bytes, TxKind, U256};
+use common::verify::{craft, synced, verifying, ABSENT, ACCOUNT, EMPTY_SLOT, SLOT};
 use serde_json::{json, Value};
 use sluice_bench::txgen::{Fees, Wallet};
 use sluice_testkit::{rpc, rpc_result, Anvil, FakeUpstream, Fault};
-
-const ACCOUNT: &str = "0x00000000000000000000000000000000000c0de1";
-const ABSENT: &str = "0x00000000000000000000000000000000000a0b5e";
-const SLOT: &str = "0x0000000000000000000000000000000000000000000000000000000000000007";
-/// A slot never written (anvil takes only 32-byte storage keys in `eth_getProof`).
-const EMPTY_SLOT: &str = "0x0000000000000000000000000000000000000000000000000000000000000008";
-
-fn verifying(upstream: &str, extra: &str) -> common::Configured {
-    common::with_config(&format!(
-        "[mempool]\nenabled = false\n[verify]\nenabled = true\n{extra}\n[[upstreams]]\nurl = \"{upstream}\"\n"
-    ))
-}
-
-/// Gives `ACCOUNT` a balance, a nonce, code and one storage slot, then mines a block.
-async fn craft(client: &reqwest::Client, anvil: &str) {
-    rpc_result(client, anvil, "anvil_setBalance", json!([ACCOUNT, "0x1bc16d674ec80000"])).await;
-    rpc_result(client, anvil, "anvil_setNonce", json!([ACCOUNT, "0x5"])).await;
-    rpc_result(client, anvil, "anvil_setCode", json!([ACCOUNT, "0x6000600055"])).await;
-    rpc_result(client, anvil, "anvil_setStorageAt", json!([ACCOUNT, SLOT, format!("0x{:064x}", 0x2a)])).await;
-    rpc_result(client, anvil, "anvil_mine", json!(["0x3"])).await;
-}
-
-/// Waits until sluice's head is anvil's.
-async fn synced(client: &reqwest::Client, sluice: &str, anvil: &str) {
-    let target = rpc_result(client, anvil, "eth_blockNumber", json!([])).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while rpc_result(client, sluice, "eth_blockNumber", json!([])).await != target {
-        assert!(std::time::Instant::now() < deadline, "sluice did not reach anvil's head");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
 
 /// Every verified state read answers exactly what the node answers: present and absent
 /// accounts, set and empty slots, at `latest`, by height and by EIP-1898 hash; each one
@@ -138,22 +108,6 @@ async fn a_lying_provider_is_refused_never_believed() {
     let plain = common::with_config(&format!("[mempool]\nenabled = false\n[[upstreams]]\nurl = \"{}\"\n", liar.url));
     let proof = rpc(&client, &plain.sluice.http_url(), "eth_getProof", json!([ACCOUNT, [], "latest"])).await;
     assert_eq!(proof["result"]["balance"], "0xde0b6b3a7640000000", "an unverified proof is the liar's");
-}
-
-/// A block beyond the head tracker's window has no header sluice trusts: refused at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_block_outside_the_window_is_refused_as_having_no_trusted_header() {
-    let client = reqwest::Client::new();
-    let anvil = Anvil::spawn();
-    rpc_result(&client, &anvil.http_url(), "anvil_mine", json!(["0x40"])).await;
-    let served = verifying(&anvil.http_url(), "[cache]\nwindow = 16");
-    let url = served.sluice.http_url();
-    synced(&client, &url, &anvil.http_url()).await;
-    let old = rpc(&client, &url, "eth_getBalance", json!([ACCOUNT, "0x2"])).await;
-    assert_eq!(old["error"]["code"], -32002, "{old}");
-    assert_eq!(old["error"]["data"]["why"], "no_trusted_header", "{old}");
-    let recent = rpc(&client, &url, "eth_getBalance", json!([common::DEV_ACCOUNT, "0x3e"])).await;
-    assert!(recent["result"].is_string(), "{recent}");
 }
 
 /// What verification costs the provider: one `eth_getProof` per read, and one header per

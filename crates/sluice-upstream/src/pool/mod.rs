@@ -16,6 +16,7 @@
 
 mod adaptive;
 mod attempt;
+mod attest;
 mod batch;
 mod breaker;
 mod budget;
@@ -455,7 +456,13 @@ impl<N: Node> UpstreamPool<N> {
             Some(FilterRole::Uses) => return self.use_filter(call).instrument(span).await,
             None => {}
         }
-        let answer = match self.consensus_rule(call.method()) {
+        if call.ctx.attest > 1 && call.ctx.check.is_some() {
+            return self.call_attested(call, usize::from(call.ctx.attest)).instrument(span).await;
+        }
+        // A call that carries its own check (a proof against a trusted header) is put to no
+        // vote: each member's answer holds or fails on its own, and a colluding majority's
+        // would fail.
+        let answer = match self.consensus_rule(call.method()).filter(|_| call.ctx.check.is_none()) {
             Some(rule) => self.call_consensus(call, rule).instrument(span).await,
             None => self.call_one(call).instrument(span).await,
         };

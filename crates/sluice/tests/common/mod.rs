@@ -5,6 +5,8 @@
 use serde_json::{json, Value};
 use sluice_testkit::{rpc_result, Anvil, Sluice};
 
+pub mod verify;
+
 /// The sluice binary built by cargo for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
