@@ -7,8 +7,9 @@
 use alloy_consensus::proofs::{calculate_receipt_root, calculate_transaction_root, calculate_withdrawals_root};
 use alloy_consensus::transaction::SignerRecoverable;
 use alloy_consensus::{ReceiptEnvelope, Transaction as _, TxEnvelope, EMPTY_OMMER_ROOT_HASH};
+use alloy_eips::eip2718::Encodable2718;
 use alloy_eips::eip4895::Withdrawal;
-use alloy_primitives::{Address, B256};
+use alloy_primitives::{keccak256, Address, B256};
 use alloy_rpc_types_eth::{Transaction, TransactionReceipt};
 use serde_json::Value;
 
@@ -76,20 +77,36 @@ pub fn check_full_block(block: &Value, trusted: B256) -> Result<CheckedBlock, Un
     let mut checked = Vec::with_capacity(txs.len());
     for (index, tx) in txs.iter().enumerate() {
         let envelope = tx.inner.inner();
-        let hash = *envelope.tx_hash();
-        let from = envelope.recover_signer().map_err(|e| Unverified::Proof(format!("transaction {hash}: {e}")))?;
+        let (hash, from) = check_transaction(tx)?;
         let effective_gas_price = envelope.effective_gas_price(base_fee);
         let placed = tx.block_hash == Some(trusted)
             && tx.block_number == Some(header.number)
             && tx.transaction_index == Some(index as u64);
         let priced = tx.effective_gas_price.is_none_or(|p| p == effective_gas_price);
-        if tx.inner.signer() != from || !placed || !priced {
+        if !placed || !priced {
             return Err(Unverified::Proof(format!("transaction {hash}: a field differs from what the block says")));
         }
         checked.push(CheckedTx { hash, from, to: envelope.to(), nonce: envelope.nonce(), effective_gas_price });
     }
     let receipts_root: B256 = field(block, "receiptsRoot")?;
     Ok(CheckedBlock { hash: trusted, number: header.number, receipts_root, txs: checked })
+}
+
+/// Checks a transaction object by itself: its hash recomputed from its signed fields (the
+/// EIP-2718 encoding; alloy takes the `hash` field as sent) and its sender recovered from its
+/// signature must be the ones it names. Gives both.
+pub fn check_transaction(tx: &Transaction<TxEnvelope>) -> Result<(B256, Address), Unverified> {
+    let envelope = tx.inner.inner();
+    // Not `trie_hash()`: the envelope's returns the hash it was given.
+    let hash = keccak256(envelope.encoded_2718());
+    if hash != *envelope.tx_hash() {
+        return Err(Unverified::Proof(format!("transaction {}: its fields hash to {hash}", envelope.tx_hash())));
+    }
+    let from = envelope.recover_signer().map_err(|e| Unverified::Proof(format!("transaction {hash}: {e}")))?;
+    if tx.inner.signer() != from {
+        return Err(Unverified::Proof(format!("transaction {hash}: signed by {from}, not its `from`")));
+    }
+    Ok((hash, from))
 }
 
 /// The block as `eth_getBlockBy…(…, false)` answers it: transaction hashes for the objects.

@@ -284,3 +284,33 @@ async fn rewritten_blocks_and_receipts_are_refused_or_passed_over() {
     let answer = rpc(&client, &url, "eth_getTransactionReceipt", json!([hashes[1]])).await;
     assert_eq!(answer["result"], truth, "{answer}");
 }
+
+/// Gives the block's first transaction another hash in full blocks, its fields untouched.
+fn forged_hash(req: &Value, answer: &mut Value) {
+    if req["method"] == "eth_getBlockByHash" && req["params"][1] == true {
+        if let Some(first) = answer["result"]["transactions"].get_mut(0) {
+            first["hash"] = json!(format!("0x{}", "ab".repeat(32)));
+        }
+    }
+}
+
+/// A transaction's hash is recomputed from its signed fields, not taken from the node: a
+/// block whose transaction names another hash is refused (the transactions root, made from
+/// the fields, still holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_named_by_a_forged_hash_is_refused() {
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn_with(&["--no-mining"]);
+    let node = anvil.http_url();
+    busy_block(&client, &node).await;
+    let liar = FakeUpstream::spawn(Fault::Alter { to: node.clone(), alter: forged_hash }).await;
+    let alone = verifying(&liar.url, "[cache]\nenabled = false");
+    let url = alone.sluice.http_url();
+    synced(&client, &url, &node).await;
+    let answer = rpc(&client, &url, "eth_getBlockByNumber", json!(["0x1", false])).await;
+    assert_eq!(answer["error"]["code"], -32002, "{answer}");
+    assert_eq!(answer["error"]["data"]["why"], "proof", "{answer}");
+    // By now the member is cordoned for its failed proofs: refused all the same.
+    let answer = rpc(&client, &url, "eth_getBlockByNumber", json!(["0x1", true])).await;
+    assert_eq!(answer["error"]["code"], -32002, "{answer}");
+}
