@@ -178,6 +178,9 @@ pub enum VerifyBy {
     BlockReceipts,
     /// One receipt: found among its block's receipts, verified as those are.
     Receipt,
+    /// One transaction by hash: found among its block's checked transactions; one not mined
+    /// yet checked by itself (its hash and signer recomputed).
+    Transaction,
 }
 
 impl MethodInfo {
@@ -322,6 +325,7 @@ static TABLE: &[MethodInfo] = &[
         cache: CacheRule::WhenFinalized,
         names: Names::Object,
         null_when_unknown: true,
+        verify: Some(VerifyBy::Transaction),
         ..read("eth_getTransactionByHash", ChainRead)
     },
     MethodInfo {

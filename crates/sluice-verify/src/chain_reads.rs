@@ -2,13 +2,15 @@
 
 use std::sync::Arc;
 
+use alloy_consensus::TxEnvelope;
 use alloy_primitives::B256;
+use alloy_rpc_types_eth::Transaction;
 use serde_json::{json, Value};
 use sluice_chain::BlockTag;
 use sluice_jsonrpc::Outcome;
 use sluice_upstream::{AnswerCheck, Call};
 
-use crate::chain::{check_full_block, check_receipts, with_hashes, CheckedBlock};
+use crate::chain::{check_full_block, check_receipts, check_transaction, with_hashes, CheckedBlock};
 use crate::layer::result_of;
 use crate::linking::found;
 use crate::{Unverified, VerifyLayer};
@@ -52,6 +54,31 @@ impl VerifyLayer {
             .and_then(|all| all.iter().find(|r| r["transactionHash"].as_str() == Some(wanted.as_str())))
             .cloned()
             .ok_or_else(|| Unverified::Proof(format!("{hash} is not in block {block}, whose receipt named it")))
+    }
+
+    /// One transaction: where the node says it is, then found among that block's checked
+    /// transactions. One not mined yet has no block to commit to it: its own hash and
+    /// signer are checked. A `null` passes: absence is not proven.
+    pub(crate) async fn transaction(&self, call: &Call, hash: B256) -> Result<Value, Unverified> {
+        let found = result_of(Some(self.inner.call(call).await))?;
+        if found.is_null() {
+            return Ok(Value::Null);
+        }
+        let tx: Transaction<TxEnvelope> = serde_json::from_value(found.clone())
+            .map_err(|e| Unverified::Proof(format!("an unreadable transaction: {e}")))?;
+        let (recomputed, _) = check_transaction(&tx)?;
+        if recomputed != hash {
+            return Err(Unverified::Proof(format!("asked for {hash}, given {recomputed}")));
+        }
+        let Some(block) = tx.block_hash else { return Ok(found) };
+        let (number, block) = self.trusted_block(call, &BlockTag::Hash(format!("{block:#x}"))).await?;
+        let (full, _) = self.checked_block(call, number, block).await?;
+        let wanted = format!("{hash:#x}");
+        full["transactions"]
+            .as_array()
+            .and_then(|all| all.iter().find(|t| t["hash"].as_str() == Some(wanted.as_str())))
+            .cloned()
+            .ok_or_else(|| Unverified::Proof(format!("{hash} is not in block {block}, where the node placed it")))
     }
 
     async fn receipts_at(&self, call: &Call, number: u64, hash: B256) -> Result<Value, Unverified> {

@@ -135,6 +135,7 @@ impl VerifyLayer {
             Read::Block { at, full } => self.block(call, at, *full).await,
             Read::BlockReceipts(at) => self.block_receipts(call, at).await,
             Read::Receipt(hash) => self.receipt(call, *hash).await,
+            Read::Transaction(hash) => self.transaction(call, *hash).await,
         }
     }
 

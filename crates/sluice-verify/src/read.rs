@@ -41,6 +41,8 @@ pub enum Read {
     BlockReceipts(BlockTag),
     /// One receipt (`eth_getTransactionReceipt`), by transaction hash.
     Receipt(B256),
+    /// One transaction (`eth_getTransactionByHash`), by its hash.
+    Transaction(B256),
 }
 
 impl Read {
@@ -68,9 +70,14 @@ impl Read {
                 Read::Block { at, full }
             }
             VerifyBy::BlockReceipts => Read::BlockReceipts(tag(params.first())?),
-            VerifyBy::Receipt => {
+            VerifyBy::Receipt | VerifyBy::Transaction => {
                 let hash = params.first().and_then(|h| serde_json::from_value::<B256>(h.clone()).ok());
-                Read::Receipt(hash.ok_or("expected a transaction hash")?)
+                let hash = hash.ok_or("expected a transaction hash")?;
+                if by == VerifyBy::Receipt {
+                    Read::Receipt(hash)
+                } else {
+                    Read::Transaction(hash)
+                }
             }
             _ => match StateRead::of(info, params)? {
                 Some(read) => Read::State(read),
@@ -108,7 +115,7 @@ impl StateRead {
                 };
                 (Asked::Proof(slots), 2)
             }
-            VerifyBy::Block | VerifyBy::BlockReceipts | VerifyBy::Receipt => return Ok(None),
+            VerifyBy::Block | VerifyBy::BlockReceipts | VerifyBy::Receipt | VerifyBy::Transaction => return Ok(None),
         };
         let address = params
             .first()

@@ -209,7 +209,16 @@ async fn verified_blocks_and_receipts_answer_exactly_what_the_node_answers() {
     let block = rpc_result(&client, &node, "eth_getBlockByNumber", json!(["latest", true])).await;
     assert_eq!(block["transactions"].as_array().map(Vec::len), Some(3), "one block of three");
     let hash = block["hash"].clone();
+    // One more, sent but not mined: pending, with no block to commit to it.
+    let wallet = Wallet::from_hex(common::DEV_KEY, 31337).unwrap();
+    let to = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".parse().unwrap();
+    let raw = wallet.transfer(3, to, 3, Fees::default()).hex();
+    let pending = rpc_result(&client, &node, "eth_sendRawTransaction", json!([raw])).await;
     let reads = [
+        ("eth_getTransactionByHash", json!([hashes[0]])),
+        ("eth_getTransactionByHash", json!([hashes[2]])),
+        ("eth_getTransactionByHash", json!([pending])),
+        ("eth_getTransactionByHash", json!([format!("0x{}", "66".repeat(32))])),
         ("eth_getBlockByNumber", json!(["latest", true])),
         ("eth_getBlockByNumber", json!(["0x1", false])),
         ("eth_getBlockByHash", json!([hash, true])),
@@ -234,7 +243,7 @@ async fn verified_blocks_and_receipts_answer_exactly_what_the_node_answers() {
         .filter(|l| l.starts_with("sluice_verified_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert_eq!(verified, 11.0, "every read answered from a checked block (the two nulls aside): {text}");
+    assert_eq!(verified, 15.0, "every read answered from a checked block or transaction, or a null: {text}");
 }
 
 /// A provider that changes what a receipt says (its gas used) or a transaction's value.
@@ -302,7 +311,7 @@ async fn a_transaction_named_by_a_forged_hash_is_refused() {
     let client = reqwest::Client::new();
     let anvil = Anvil::spawn_with(&["--no-mining"]);
     let node = anvil.http_url();
-    busy_block(&client, &node).await;
+    let hashes = busy_block(&client, &node).await;
     let liar = FakeUpstream::spawn(Fault::Alter { to: node.clone(), alter: forged_hash }).await;
     let alone = verifying(&liar.url, "[cache]\nenabled = false");
     let url = alone.sluice.http_url();
@@ -313,4 +322,6 @@ async fn a_transaction_named_by_a_forged_hash_is_refused() {
     // By now the member is cordoned for its failed proofs: refused all the same.
     let answer = rpc(&client, &url, "eth_getBlockByNumber", json!(["0x1", true])).await;
     assert_eq!(answer["error"]["code"], -32002, "{answer}");
+    let answer = rpc(&client, &url, "eth_getTransactionByHash", json!([hashes[0]])).await;
+    assert_eq!(answer["error"]["code"], -32002, "its block names it by another hash: {answer}");
 }
