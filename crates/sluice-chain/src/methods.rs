@@ -181,6 +181,9 @@ pub enum VerifyBy {
     /// One transaction by hash: found among its block's checked transactions; one not mined
     /// yet checked by itself (its hash and signer recomputed).
     Transaction,
+    /// Logs: each block of the range ruled out by its header's bloom, or its checked
+    /// receipts searched.
+    Logs,
 }
 
 impl MethodInfo {
@@ -339,6 +342,7 @@ static TABLE: &[MethodInfo] = &[
         block: BlockParam::Filter,
         cache: CacheRule::Logs,
         names: Names::List,
+        verify: Some(VerifyBy::Logs),
         ..read("eth_getLogs", ChainRead)
     },
     // State.

@@ -81,7 +81,7 @@ impl VerifyLayer {
             .ok_or_else(|| Unverified::Proof(format!("{hash} is not in block {block}, where the node placed it")))
     }
 
-    async fn receipts_at(&self, call: &Call, number: u64, hash: B256) -> Result<Value, Unverified> {
+    pub(crate) async fn receipts_at(&self, call: &Call, number: u64, hash: B256) -> Result<Value, Unverified> {
         let (_, checked) = self.checked_block(call, number, hash).await?;
         let checked = Arc::new(checked);
         let mut receipts_call = self.internal(call, "eth_getBlockReceipts", json!([hash]), number, hash);

@@ -8,7 +8,7 @@
 //! the safe way to be wrong.
 
 use alloy_consensus::Header;
-use alloy_primitives::B256;
+use alloy_primitives::{Bloom, B256};
 use serde_json::Value;
 
 use crate::Unverified;
@@ -52,6 +52,8 @@ pub struct CheckedHeader {
     pub parent: B256,
     /// The root of the state after the block.
     pub state_root: B256,
+    /// The bloom of every log of the block: a filter it does not match has no log there.
+    pub logs_bloom: Bloom,
 }
 
 /// Checks a block object (`eth_getBlockBy…` with or without transactions): its header's hash
@@ -78,7 +80,13 @@ pub fn check_header(block: &Value) -> Result<CheckedHeader, Unverified> {
     if hash != named {
         return Err(Unverified::Header(format!("its fields hash to {hash}, not {named}")));
     }
-    Ok(CheckedHeader { hash, number: header.number, parent: header.parent_hash, state_root: header.state_root })
+    Ok(CheckedHeader {
+        hash,
+        number: header.number,
+        parent: header.parent_hash,
+        state_root: header.state_root,
+        logs_bloom: header.logs_bloom,
+    })
 }
 
 #[cfg(test)]

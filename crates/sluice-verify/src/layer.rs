@@ -136,6 +136,7 @@ impl VerifyLayer {
             Read::BlockReceipts(at) => self.block_receipts(call, at).await,
             Read::Receipt(hash) => self.receipt(call, *hash).await,
             Read::Transaction(hash) => self.transaction(call, *hash).await,
+            Read::Logs(filter) => self.logs(call, filter).await,
         }
     }
 

@@ -20,6 +20,7 @@ mod chain_reads;
 pub mod header;
 mod layer;
 mod linking;
+mod logs;
 pub mod proof;
 pub mod read;
 pub mod trust;

@@ -2,7 +2,7 @@
 //! checked proof in the format the node would have used.
 
 use alloy_primitives::{Address, Bytes, B256};
-use alloy_rpc_types_eth::EIP1186AccountProofResponse;
+use alloy_rpc_types_eth::{EIP1186AccountProofResponse, Filter};
 use alloy_serde::JsonStorageKey;
 use serde_json::Value;
 use sluice_chain::methods::{MethodInfo, VerifyBy};
@@ -43,6 +43,8 @@ pub enum Read {
     Receipt(B256),
     /// One transaction (`eth_getTransactionByHash`), by its hash.
     Transaction(B256),
+    /// Logs (`eth_getLogs`) of a filter.
+    Logs(Box<Filter>),
 }
 
 impl Read {
@@ -70,6 +72,10 @@ impl Read {
                 Read::Block { at, full }
             }
             VerifyBy::BlockReceipts => Read::BlockReceipts(tag(params.first())?),
+            VerifyBy::Logs => {
+                let filter = params.first().and_then(|f| serde_json::from_value::<Filter>(f.clone()).ok());
+                Read::Logs(Box::new(filter.ok_or("expected a filter object")?))
+            }
             VerifyBy::Receipt | VerifyBy::Transaction => {
                 let hash = params.first().and_then(|h| serde_json::from_value::<B256>(h.clone()).ok());
                 let hash = hash.ok_or("expected a transaction hash")?;
@@ -115,7 +121,9 @@ impl StateRead {
                 };
                 (Asked::Proof(slots), 2)
             }
-            VerifyBy::Block | VerifyBy::BlockReceipts | VerifyBy::Receipt | VerifyBy::Transaction => return Ok(None),
+            VerifyBy::Block | VerifyBy::BlockReceipts | VerifyBy::Receipt | VerifyBy::Transaction | VerifyBy::Logs => {
+                return Ok(None)
+            }
         };
         let address = params
             .first()

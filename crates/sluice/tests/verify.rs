@@ -214,7 +214,14 @@ async fn verified_blocks_and_receipts_answer_exactly_what_the_node_answers() {
     let to = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".parse().unwrap();
     let raw = wallet.transfer(3, to, 3, Fees::default()).hex();
     let pending = rpc_result(&client, &node, "eth_sendRawTransaction", json!([raw])).await;
+    let receipt = rpc_result(&client, &node, "eth_getTransactionReceipt", json!([hashes[2]])).await;
+    let (contract, topic) = (receipt["contractAddress"].clone(), receipt["logs"][0]["topics"][0].clone());
     let reads = [
+        ("eth_getLogs", json!([{ "fromBlock": "0x0", "toBlock": "latest" }])),
+        ("eth_getLogs", json!([{ "fromBlock": "0x1", "toBlock": "0x1", "address": contract }])),
+        ("eth_getLogs", json!([{ "blockHash": hash, "topics": [topic] }])),
+        ("eth_getLogs", json!([{ "fromBlock": "0x0", "address": ACCOUNT }])),
+        ("eth_getLogs", json!([{ "fromBlock": "0x0", "topics": [null, topic] }])),
         ("eth_getTransactionByHash", json!([hashes[0]])),
         ("eth_getTransactionByHash", json!([hashes[2]])),
         ("eth_getTransactionByHash", json!([pending])),
@@ -235,6 +242,8 @@ async fn verified_blocks_and_receipts_answer_exactly_what_the_node_answers() {
         let theirs = rpc(&client, &node, method, params.clone()).await;
         assert_eq!(ours["result"], theirs["result"], "{method} {params}: {ours}");
     }
+    let all = rpc_result(&client, &url, "eth_getLogs", json!([{ "fromBlock": "0x0" }])).await;
+    assert_eq!(all.as_array().map(Vec::len), Some(1), "the creation's one log: {all}");
     let receipt = rpc_result(&client, &url, "eth_getTransactionReceipt", json!([hashes[2]])).await;
     assert!(receipt["contractAddress"].is_string() && !receipt["logs"].as_array().unwrap().is_empty(), "{receipt}");
     let text = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
@@ -243,7 +252,7 @@ async fn verified_blocks_and_receipts_answer_exactly_what_the_node_answers() {
         .filter(|l| l.starts_with("sluice_verified_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert_eq!(verified, 15.0, "every read answered from a checked block or transaction, or a null: {text}");
+    assert_eq!(verified, 21.0, "every read answered from a checked block or transaction, or a null: {text}");
 }
 
 /// A provider that changes what a receipt says (its gas used) or a transaction's value.
@@ -277,6 +286,7 @@ async fn rewritten_blocks_and_receipts_are_refused_or_passed_over() {
     for (method, params) in [
         ("eth_getBlockByNumber", json!(["0x1", true])),
         ("eth_getBlockReceipts", json!(["0x1"])),
+        ("eth_getLogs", json!([{ "fromBlock": "0x0", "toBlock": "0x1" }])),
         ("eth_getTransactionReceipt", json!([hashes[1]])),
     ] {
         let answer = rpc(&client, &alone.sluice.http_url(), method, params.clone()).await;
@@ -324,4 +334,25 @@ async fn a_transaction_named_by_a_forged_hash_is_refused() {
     assert_eq!(answer["error"]["code"], -32002, "{answer}");
     let answer = rpc(&client, &url, "eth_getTransactionByHash", json!([hashes[0]])).await;
     assert_eq!(answer["error"]["code"], -32002, "its block names it by another hash: {answer}");
+}
+
+/// A log query over blocks whose headers' blooms rule the filter out costs their headers
+/// alone: no receipts fetched, and the node never asked for logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_query_over_blocks_the_bloom_rules_out_fetches_no_receipts() {
+    let client = reqwest::Client::new();
+    let anvil = Anvil::spawn();
+    let node = anvil.http_url();
+    rpc_result(&client, &node, "anvil_mine", json!(["0x28"])).await;
+    let relay =
+        FakeUpstream::spawn(Fault::Relay { to: node.clone(), delay: std::time::Duration::ZERO, fail_method: None })
+            .await;
+    let served = verifying(&relay.url, "[cache]\nenabled = false");
+    let url = served.sluice.http_url();
+    synced(&client, &url, &node).await;
+    let filter = json!([{ "fromBlock": "0x1", "toBlock": "latest", "address": ACCOUNT }]);
+    let answer = rpc(&client, &url, "eth_getLogs", filter.clone()).await;
+    assert_eq!(answer["result"], rpc_result(&client, &node, "eth_getLogs", filter).await, "{answer}");
+    assert_eq!(relay.requests_for("eth_getBlockReceipts"), 0, "no block's bloom holds the address");
+    assert_eq!(relay.requests_for("eth_getLogs"), 0, "the node was never asked for logs");
 }
