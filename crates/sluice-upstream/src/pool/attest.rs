@@ -5,13 +5,11 @@
 //! on what the check reads. A member whose result fails is not scored as a liar: a member a
 //! block behind or on a brief fork names another hash honestly. The next member is asked.
 
-use std::time::Instant;
-
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use sluice_jsonrpc::Outcome;
 
 use super::attempt::{judge, Step};
-use super::{Node, Order, UpstreamPool};
+use super::{Node, UpstreamPool};
 use crate::{Answer, Call, UpstreamError};
 
 impl<N: Node> UpstreamPool<N> {
@@ -19,16 +17,8 @@ impl<N: Node> UpstreamPool<N> {
     /// answers otherwise replaced by the next): the first passing result once `k` passed;
     /// otherwise [`UpstreamError::Disagreement`] with how many passed.
     pub(super) async fn call_attested(&self, call: &Call, k: usize) -> Result<Answer, UpstreamError> {
-        let mut order = match self.resolve_order(call).await? {
-            Order::Try(order) => order.into_iter(),
-            _ => return Err(UpstreamError::BudgetExhausted),
-        };
-        let ask = |i: usize| async move {
-            if !self.members[i].state().breaker.allow(Instant::now()) {
-                return (i, Err(UpstreamError::NoneAvailable));
-            }
-            (i, self.exchange(i, &[&call.req], call.ctx.origin).await.remove(0))
-        };
+        let mut order = self.members_to_ask(call).await?;
+        let ask = |i: usize| self.ask_member(i, call);
         let mut asked: FuturesUnordered<_> = order.by_ref().take(k).map(ask).collect();
         let deadline = self.deadline(call);
         let (mut passed, mut other) = (Vec::with_capacity(k), 0u32);

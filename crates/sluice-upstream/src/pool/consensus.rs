@@ -139,16 +139,8 @@ impl<N: Node> UpstreamPool<N> {
     /// A call under `rule`: `ask` members at once (the best in the call's order), a member that
     /// fails or lacks the block replaced by the next; then the tally.
     pub(super) async fn call_consensus(&self, call: &Call, rule: &ConsensusRule) -> Result<Answer, UpstreamError> {
-        let mut order = match self.resolve_order(call).await? {
-            Order::Try(order) => order.into_iter(),
-            _ => return Err(UpstreamError::BudgetExhausted),
-        };
-        let ask = |i: usize| async move {
-            if !self.members[i].state().breaker.allow(Instant::now()) {
-                return (i, Err(UpstreamError::NoneAvailable));
-            }
-            (i, self.exchange(i, &[&call.req], call.ctx.origin).await.remove(0))
-        };
+        let mut order = self.members_to_ask(call).await?;
+        let ask = |i: usize| self.ask_member(i, call);
         let mut asked = FuturesUnordered::new();
         for i in order.by_ref().take(rule.ask) {
             asked.push(ask(i));
@@ -190,6 +182,24 @@ impl<N: Node> UpstreamPool<N> {
                 }
             }
         }
+    }
+
+    /// The members a call asked of several at once goes to, best first (consensus, attested
+    /// calls).
+    pub(super) async fn members_to_ask(&self, call: &Call) -> Result<std::vec::IntoIter<usize>, UpstreamError> {
+        match self.resolve_order(call).await? {
+            Order::Try(order) => Ok(order.into_iter()),
+            _ => Err(UpstreamError::BudgetExhausted),
+        }
+    }
+
+    /// `call` asked of member `i` alone, unless its circuit is open; gives `i` back with the
+    /// outcome.
+    pub(super) async fn ask_member(&self, i: usize, call: &Call) -> (usize, Result<Outcome, UpstreamError>) {
+        if !self.members[i].state().breaker.allow(Instant::now()) {
+            return (i, Err(UpstreamError::NoneAvailable));
+        }
+        (i, self.exchange(i, &[&call.req], call.ctx.origin).await.remove(0))
     }
 
     /// A member answered a result its call's check refused (a proof that does not hold against
