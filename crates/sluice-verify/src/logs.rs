@@ -2,6 +2,7 @@
 //! parents linked down in batches), each ruled out by its header's logs bloom or searched in
 //! its checked receipts.
 
+use alloy_primitives::Bloom;
 use alloy_rpc_types_eth::{BlockNumberOrTag, Filter, FilterBlockOption, Log};
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 use serde_json::Value;
@@ -45,7 +46,12 @@ impl VerifyLayer {
             self.walk_down(call, &top, Goal::Height(low)).await?;
         }
         let blocks = self.range_down(&top, low)?;
-        let searched: Vec<Trusted> = blocks.into_iter().rev().filter(|b| filter.matches_bloom(b.logs_bloom)).collect();
+        // A block with no log at all has an empty bloom, which even a filter of nothing matches.
+        let searched: Vec<Trusted> = blocks
+            .into_iter()
+            .rev()
+            .filter(|b| b.logs_bloom != Bloom::ZERO && filter.matches_bloom(b.logs_bloom))
+            .collect();
         let receipts: Vec<Value> = stream::iter(searched)
             .map(|block| async move { self.receipts_at(call, block.number, block.hash).await })
             .buffered(RECEIPTS_AT_ONCE)
